@@ -1,0 +1,30 @@
+"""linrnn: linear-RNN token mixers (GLA, DeltaNet, Gated DeltaNet, KDA, GammaNet) on one generalized recurrence.
+
+Public API::
+
+    linrnn.ops.gated_delta_rule(q, k, v, g, beta)      # per-cell ops, FLA conventions
+    linrnn.list_cells(), linrnn.get_cell("gdn")        # registry
+    linrnn.build_mixer("kda", hidden_size, num_heads)  # one mixer layer
+    linrnn.build_model("gdn", preset="tiny")           # a language model
+    linrnn.generate(model, prompt_ids, max_new_tokens)
+    linrnn.param_roles(model)                          # {parameter name: role}
+"""
+
+from linrnn.kernels import ops
+from linrnn.models import ModelConfig, build_model, generate, list_presets
+from linrnn.recurrences import MixerState, build_mixer, get_cell, list_cells, param_roles
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MixerState",
+    "ModelConfig",
+    "build_mixer",
+    "build_model",
+    "generate",
+    "get_cell",
+    "list_cells",
+    "list_presets",
+    "ops",
+    "param_roles",
+]

@@ -1,0 +1,1 @@
+"""The shared math: one generalized recurrence (reference loop, chunked torch) behind ``ops``."""

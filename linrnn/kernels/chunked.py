@@ -1,0 +1,195 @@
+"""Chunkwise form of the generalized recurrence in plain torch (differentiable by autograd).
+
+Recurrence (see ``reference.py``)::
+
+    S_t = (I − β_t e_t e_tᵀ) Diag(α_t) S_{t−1} + β_t w_t v_tᵀ,   α_t = exp(g_t)
+
+Split time into chunks of C steps. Inside a chunk let ``Γ_r = ∏_{i≤r} α_i``
+(cumulative decay from the chunk start, per channel or per head) and define
+the erased content ``u_r = −β_r S_{r−1}ᵀ Diag(α_r) e_r`` so that
+``S_r = Diag(α_r) S_{r−1} + e_r u_rᵀ + β_r w_r v_rᵀ``. Unrolling from the chunk
+start state ``S_0``::
+
+    S_r = Diag(Γ_r) S_0 + Σ_{i≤r} Diag(Γ_r/Γ_i) (e_i u_iᵀ + β_i w_i v_iᵀ)
+
+Substituting into the definition of u_r gives a unit lower-triangular system,
+with ``A_xy[r, i] = (x_r ⊙ Γ_r/Γ_i)·y_i``::
+
+    (I + Diag(β) A_ee) U = −Diag(β) [ (E ⊙ Γ) S_0 + A_ew Diag(β) V ]        (i < r)
+    O   = (Q ⊙ Γ) S_0 + A_qe U + A_qw Diag(β) V                             (i ≤ r)
+    S_C = Diag(Γ_C) S_0 + (E ⊙ Γ_C/Γ)ᵀ U + (W ⊙ Γ_C/Γ)ᵀ Diag(β) V
+
+U is affine in S_0: ``U = U_v − W_s S_0`` with ``U_v``, ``W_s`` solved for all
+chunks at once, so the only sequential part is the chunk-to-chunk state pass,
+two small matmuls per chunk. Outputs are then computed for all chunks at once.
+
+Numerics: the pairwise ratios Γ_r/Γ_i are formed as ``exp(G_r − G_i)`` with
+``G = cumsum(g)`` and the exponent masked to ``i ≤ r`` *before* ``exp``, so every
+factor lies in [0, 1] and nothing overflows for any gate (log-decay −20 per
+step included). Per-channel decay makes that pairwise tensor ``[C, C, K]`` per
+chunk, which is why per-channel cells default to a smaller chunk. Everything
+is computed in fp32 (fp64 for fp64 inputs); outputs return in ``v``'s dtype.
+
+Sequences shorter than a chunk multiple, and varlen (``cu_seqlens``) batches,
+are packed into a zero-padded ``[N, L, H, D]`` batch: a padded step has
+g = 0, β = 0 and zero vectors, so it is the identity and leaves the final
+state untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from linrnn.kernels.reference import compute_dtype
+
+
+def recurrence_chunked(
+    q: Tensor,
+    w: Tensor,
+    v: Tensor,
+    e: Tensor | None = None,
+    g: Tensor | None = None,
+    beta: Tensor | None = None,
+    *,
+    scale: float,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor | None]:
+    """Chunkwise evaluation of ``recurrence_reference`` (same arguments, same results).
+
+    ``e is w`` (the same tensor) marks the tied case and shares the pairwise products.
+    """
+    dtype, out_dtype = compute_dtype(q.dtype), v.dtype
+    tied = e is w
+    steps = q.shape[1]
+    packer = _Packer(cu_seqlens, batch=q.shape[0], steps=steps, chunk_size=chunk_size)
+
+    def pack(x: Tensor | None) -> Tensor | None:
+        if x is None:
+            return None
+        x = packer.pack(x.to(dtype))  # [N, L, H, ...]
+        if x.dim() == 3:
+            return rearrange(x, "n (c r) h -> n h c r", r=chunk_size)
+        return rearrange(x, "n (c r) h d -> n h c r d", r=chunk_size)
+
+    q, w, v, g, beta = (pack(x) for x in (q, w, v, g, beta))
+    e = w if tied else pack(e)
+    state = None if initial_state is None else initial_state.to(dtype)
+    o, final = _chunk_recurrence(q * scale, w, v, e, g, beta, state, tied)
+    o = packer.unpack(rearrange(o, "n h c r d -> n (c r) h d"))
+    return o.to(out_dtype), final if output_final_state else None
+
+
+class _Packer:
+    """Moves ``[B, T, H, ...]`` to a zero-padded ``[N, L, H, ...]`` batch (L a chunk multiple) and back."""
+
+    def __init__(self, cu_seqlens: Tensor | None, *, batch: int, steps: int, chunk_size: int):
+        self.steps = steps
+        if cu_seqlens is None:
+            self.index = None
+            self.length = max(1, -(-steps // chunk_size)) * chunk_size
+            return
+        bounds = cu_seqlens.tolist()
+        starts = torch.tensor(bounds[:-1], device=cu_seqlens.device)
+        lengths = torch.tensor(bounds[1:], device=cu_seqlens.device) - starts
+        self.length = max(1, -(-int(lengths.max()) // chunk_size)) * chunk_size
+        offsets = torch.arange(self.length, device=cu_seqlens.device)
+        self.valid = offsets[None, :] < lengths[:, None]  # [N, L]
+        self.index = (starts[:, None] + offsets[None, :]).clamp(max=steps - 1)
+
+    def pack(self, x: Tensor) -> Tensor:
+        if self.index is None:
+            pad = [0, 0] * (x.dim() - 2) + [0, self.length - self.steps]
+            return F.pad(x, pad)
+        mask = self.valid.view(*self.valid.shape, *[1] * (x.dim() - 2))
+        return x[0, self.index.to(x.device)] * mask.to(x.device)
+
+    def unpack(self, x: Tensor) -> Tensor:
+        if self.index is None:
+            return x[:, : self.steps]
+        return x[self.valid.to(x.device)].unsqueeze(0)
+
+
+def _chunk_recurrence(q, w, v, e, g, beta, state, tied):
+    """Core on chunked tensors: q, w, e ``[N, H, n, C, K]``, v ``[N, H, n, C, V]``,
+    g ``[N, H, n, C]`` (per head) or ``[N, H, n, C, K]`` (per channel), beta ``[N, H, n, C]``.
+    ``q`` is already scaled. Returns o ``[N, H, n, C, V]`` and the final state ``[N, H, K, V]``.
+    """
+    batch, heads, num_chunks, chunk, key_dim = q.shape
+    value_dim = v.shape[-1]
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    strictly_causal = causal.tril(-1)
+    per_channel = g is not None and g.dim() == 5
+
+    if g is None:
+        decay_from_start = decay_to_end = decay_chunk = None
+        pair_decay = causal.to(q.dtype)  # [C, C]
+    else:
+        log_decay = g.cumsum(dim=3)  # G_r, [N, H, n, C(, K)]
+        log_last = log_decay[:, :, :, -1:]
+        decay_from_start = _as_channel(log_decay.exp(), per_channel)  # Γ_r
+        decay_to_end = _as_channel((log_last - log_decay).exp(), per_channel)  # Γ_C / Γ_r
+        decay_chunk = _as_channel(log_last.exp(), per_channel)[:, :, :, 0]  # Γ_C, [N, H, n, K|1]
+        if per_channel:
+            diff = log_decay[:, :, :, :, None, :] - log_decay[:, :, :, None, :, :]  # [.., C, C, K]
+            mask = causal[:, :, None]
+        else:
+            diff = log_decay[..., :, None] - log_decay[..., None, :]  # [.., C, C]
+            mask = causal
+        pair_decay = torch.where(mask, diff, float("-inf")).exp()  # Γ_r/Γ_i, 0 above the diagonal
+
+    def pairwise(x: Tensor, y: Tensor) -> Tensor:
+        """``[.., C, C]`` with entry (r, i) = (x_r ⊙ Γ_r/Γ_i)·y_i for i ≤ r, else 0."""
+        if per_channel:
+            return torch.einsum("...rk,...ik,...rik->...ri", x, y, pair_decay)
+        return (x @ y.transpose(-1, -2)) * pair_decay
+
+    def scaled(x: Tensor, factor: Tensor | None) -> Tensor:
+        return x if factor is None else x * factor
+
+    strength = torch.ones_like(v[..., 0]) if beta is None else beta  # [N, H, n, C]
+    weighted_v = strength[..., None] * v  # Diag(β) V
+    attn_qw = pairwise(q, w)
+    out_intra = attn_qw @ weighted_v
+    write_to_end = scaled(w, decay_to_end).transpose(-1, -2) @ weighted_v  # [N, H, n, K, V]
+
+    if e is not None:
+        attn_ee = pairwise(e, e) * strictly_causal
+        attn_ew = attn_ee if tied else pairwise(e, w) * strictly_causal
+        attn_qe = attn_qw if tied else pairwise(q, e)
+        system = torch.eye(chunk, dtype=q.dtype, device=q.device) + strength[..., None] * attn_ee
+        rhs = torch.cat(
+            [-strength[..., None] * (attn_ew @ weighted_v), strength[..., None] * scaled(e, decay_from_start)],
+            dim=-1,
+        )
+        solution = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        erased_from_values, erased_per_state = solution.split([value_dim, key_dim], dim=-1)
+        erase_to_end = scaled(e, decay_to_end).transpose(-1, -2)  # [N, H, n, K, C]
+
+    if state is None:
+        state = q.new_zeros(batch, heads, key_dim, value_dim)
+    start_states, erased = [], []
+    for c in range(num_chunks):
+        start_states.append(state)
+        new_state = state if decay_chunk is None else decay_chunk[:, :, c, :, None] * state
+        if e is not None:
+            erased_c = erased_from_values[:, :, c] - erased_per_state[:, :, c] @ state  # U, [N, H, C, V]
+            erased.append(erased_c)
+            new_state = new_state + erase_to_end[:, :, c] @ erased_c
+        state = new_state + write_to_end[:, :, c]
+    start_states = torch.stack(start_states, dim=2)  # [N, H, n, K, V]
+
+    out = scaled(q, decay_from_start) @ start_states + out_intra
+    if e is not None:
+        out = out + attn_qe @ torch.stack(erased, dim=2)
+    return out, state
+
+
+def _as_channel(x: Tensor, per_channel: bool) -> Tensor:
+    """Per-head factors ``[.., C]`` get a trailing axis to broadcast over K."""
+    return x if per_channel else x[..., None]

@@ -1,0 +1,103 @@
+"""Argument checks shared by every op: each error names the argument, the expected and the actual value.
+
+Structural checks (ranks, shapes, dtypes, devices, ``cu_seqlens``) always run.
+Value checks that read tensor contents (and so cost a device sync) run only
+with ``check_values=True``; the reference backend always runs them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+BACKENDS = ("auto", "triton", "torch", "reference")
+
+
+def _shape(x: Tensor) -> list[int]:
+    return list(x.shape)
+
+
+def fail(op: str, message: str) -> None:
+    raise ValueError(f"{op}: {message}")
+
+
+def check_tensor(op: str, name: str, x: object, expected: list[int | str], names: str) -> None:
+    """``expected`` holds ints (fixed) or None-like placeholders given as strings (free)."""
+    if not isinstance(x, Tensor):
+        fail(op, f"argument '{name}' must be a torch.Tensor of shape {names}, got {type(x).__name__}")
+    if not x.is_floating_point():
+        fail(op, f"argument '{name}' must be a floating-point tensor, got dtype {x.dtype}")
+    if x.dim() != len(expected):
+        fail(op, f"argument '{name}' must have shape {names} (rank {len(expected)}), got shape {_shape(x)}")
+    for size, want in zip(x.shape, expected):
+        if isinstance(want, int) and size != want:
+            fail(op, f"argument '{name}' must have shape {names} = {_fill(expected, x)}, got shape {_shape(x)}")
+
+
+def _fill(expected: list[int | str], x: Tensor) -> list[int | str]:
+    return [want if isinstance(want, int) else size for want, size in zip(expected, x.shape)]
+
+
+def check_same(op: str, tensors: dict[str, Tensor | None], attr: str) -> None:
+    """All given tensors share ``attr`` ('dtype' or 'device')."""
+    present = {name: getattr(x, attr) for name, x in tensors.items() if x is not None}
+    first_name, first = next(iter(present.items()))
+    for name, value in present.items():
+        if value != first:
+            fail(op, f"argument '{name}' must have {attr} {first} (as '{first_name}'), got {value}")
+
+
+def check_cu_seqlens(op: str, cu_seqlens: Tensor, batch: int, steps: int) -> int:
+    """Returns the number of sequences."""
+    if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+        got = f"{cu_seqlens.dtype} tensor of shape {_shape(cu_seqlens)}" if isinstance(cu_seqlens, Tensor) else type(cu_seqlens).__name__
+        fail(op, f"argument 'cu_seqlens' must be a 1-D integer tensor [N + 1], got {got}")
+    if batch != 1:
+        fail(op, f"argument 'cu_seqlens' requires batch size B = 1 (sequences packed along T), got B = {batch}")
+    bounds = cu_seqlens.tolist()
+    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != steps:
+        fail(op, f"argument 'cu_seqlens' must start at 0 and end at T = {steps} with at least 2 entries, got {bounds}")
+    if any(b < a for a, b in zip(bounds[:-1], bounds[1:])):
+        fail(op, f"argument 'cu_seqlens' must be non-decreasing, got {bounds}")
+    return len(bounds) - 1
+
+
+def check_values(op: str, g: Tensor | None, beta: Tensor | None, max_beta: float = 2.0) -> None:
+    """Content checks: finite gates, log-decay ≤ 0, beta in [0, max_beta]."""
+    if g is not None:
+        if not torch.isfinite(g).all():
+            fail(op, "argument 'g' (log-decay) must be finite, got non-finite values")
+        if (g > 0).any():
+            fail(op, f"argument 'g' (log-decay) must be <= 0, got max {g.max().item():.4g}")
+    if beta is not None:
+        if not torch.isfinite(beta).all():
+            fail(op, "argument 'beta' must be finite, got non-finite values")
+        low, high = beta.min().item(), beta.max().item()
+        if low < 0 or high > max_beta:
+            fail(op, f"argument 'beta' must lie in [0, {max_beta:g}], got range [{low:.4g}, {high:.4g}]")
+
+
+def check_unit_rows(op: str, name: str, x: Tensor, tol: float = 1e-3) -> None:
+    norms = x.float().norm(dim=-1)
+    worst = (norms - 1).abs().max().item()
+    if worst > tol:
+        fail(op, f"argument '{name}' must have unit-norm rows (L2 over the last axis), got max |norm - 1| = {worst:.3g}")
+
+
+def check_options(op: str, backend: str, chunk_size: int | None) -> None:
+    if backend not in BACKENDS:
+        fail(op, f"argument 'backend' must be one of {list(BACKENDS)}, got {backend!r}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        fail(op, f"argument 'chunk_size' must be a positive int, got {chunk_size!r}")
+
+
+__all__ = [
+    "BACKENDS",
+    "check_cu_seqlens",
+    "check_options",
+    "check_same",
+    "check_tensor",
+    "check_unit_rows",
+    "check_values",
+    "fail",
+]

@@ -1,0 +1,104 @@
+"""Model configuration (pydantic) and named presets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from linrnn.recurrences.base import MixerOptions
+from linrnn.recurrences.registry import canonical_name
+
+
+class ModelConfig(BaseModel):
+    """The generic LM: embedding → num_layers × [RMSNorm, mixer, +, RMSNorm, SwiGLU, +] → RMSNorm → readout."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cell: str
+    vocab_size: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+    intermediate_size: int | None = Field(None, gt=0, description="SwiGLU width; default 4 * hidden_size")
+    tie_embeddings: bool = True
+    norm_eps: float = Field(1e-6, gt=0)
+    init_std: float = Field(0.02, gt=0)
+    mixer: dict[str, Any] = Field(default_factory=dict, description="MixerOptions set explicitly")
+
+    @field_validator("cell")
+    @classmethod
+    def _known_cell(cls, name: str) -> str:
+        return canonical_name(name)
+
+    @field_validator("mixer")
+    @classmethod
+    def _mixer_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        MixerOptions(**options)  # validates names and values
+        return options
+
+    @model_validator(mode="after")
+    def _defaults(self) -> ModelConfig:
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        return self
+
+
+def _tiny() -> dict[str, Any]:
+    """CPU tests and demos: byte vocabulary, two layers."""
+    return dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2)
+
+
+def _paper(width: int) -> Callable[[], dict[str, Any]]:
+    """Seed 000's family: 8 layers, 6 heads, head dims 0.75/1.5 × width / 6, MLP 4 × width, tied embeddings."""
+
+    def preset() -> dict[str, Any]:
+        return dict(vocab_size=50304, hidden_size=width, num_layers=8, num_heads=6, intermediate_size=4 * width)
+
+    preset.__doc__ = f"GDN-muP paper family at width {width}."
+    return preset
+
+
+def _llama_mlp(width: int) -> int:
+    """SwiGLU width 8/3 × hidden, rounded up to a multiple of 256."""
+    return -(-8 * width // 3 // 256) * 256
+
+
+def _m340() -> dict[str, Any]:
+    """~340M parameters with a 32k vocabulary (FLA's 340M scale)."""
+    return dict(vocab_size=32000, hidden_size=1024, num_layers=21, num_heads=4, intermediate_size=_llama_mlp(1024))
+
+
+def _b1_3() -> dict[str, Any]:
+    """~1.3B parameters with a 32k vocabulary."""
+    return dict(vocab_size=32000, hidden_size=2048, num_layers=20, num_heads=8, intermediate_size=_llama_mlp(2048))
+
+
+PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
+    "tiny": _tiny,
+    **{f"paper-{width}": _paper(width) for width in (256, 384, 512, 768, 1024, 1536)},
+    "340m": _m340,
+    "1.3b": _b1_3,
+}
+
+
+def list_presets() -> list[str]:
+    return list(PRESETS)
+
+
+def model_config(cell: str, preset: str = "tiny", **overrides: Any) -> ModelConfig:
+    """Preset values, then ``overrides``: ModelConfig fields, or MixerOptions fields (go to ``mixer``)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
+    values = PRESETS[preset]()
+    mixer = dict(overrides.pop("mixer", {}))
+    for name, value in overrides.items():
+        if name in ModelConfig.model_fields:
+            values[name] = value
+        elif name in MixerOptions.model_fields:
+            mixer[name] = value
+        else:
+            known = sorted((set(ModelConfig.model_fields) | set(MixerOptions.model_fields)) - {"mixer", "cell"})
+            raise ValueError(f"unknown model option {name!r}; known options: {', '.join(known)}")
+    return ModelConfig(cell=cell, mixer=mixer, **values)

@@ -1,0 +1,141 @@
+"""The one generic language model: any registered cell as the token mixer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linrnn.models.config import ModelConfig, model_config
+from linrnn.recurrences.base import MixerState
+from linrnn.recurrences.registry import build_mixer
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def local_param_roles(self) -> dict[str, str]:
+        return {f"{name}.weight": "hidden" for name in ("gate_proj", "up_proj", "down_proj")}
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.mixer_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mixer = build_mixer(config.cell, config.hidden_size, config.num_heads, **config.mixer)
+        self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: Tensor, state: MixerState | None, output_state: bool):
+        mixed, state = self.mixer(self.mixer_norm(x), state, output_state)
+        x = x + mixed
+        return x + self.mlp(self.mlp_norm(x)), state
+
+    def local_param_roles(self) -> dict[str, str]:
+        return {"mixer_norm.weight": "norm", "mlp_norm.weight": "norm"}
+
+
+class LanguageModel(nn.Module):
+    """``model(input_ids [B, T], state=None, return_state=False)`` → logits ``[B, T, vocab]`` (and the new state).
+
+    ``state`` is a list with one ``MixerState`` per layer, as returned with ``return_state=True``;
+    feeding tokens one at a time with the carried state gives the logits of the full forward.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.reset_parameters()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def reset_parameters(self) -> None:
+        """Matrices and embeddings ~ N(0, init_std²), biases 0; gate scalars, convs, norms and Γ keep their own init."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=self.config.init_std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def local_param_roles(self) -> dict[str, str]:
+        return {"embed.weight": "embedding", "norm.weight": "norm", "lm_head.weight": "readout"}
+
+    def forward(self, input_ids: Tensor, state: list[MixerState] | None = None, return_state: bool = False):
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+            got = f"{input_ids.dtype} tensor of shape {list(input_ids.shape)}" if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ValueError(f"LanguageModel: argument 'input_ids' must be an integer tensor [B, T], got {got}")
+        if state is not None and len(state) != len(self.layers):
+            raise ValueError(
+                f"LanguageModel: argument 'state' must hold {len(self.layers)} layer states, got {len(state)}"
+            )
+        x = self.embed(input_ids)
+        new_state = []
+        for i, layer in enumerate(self.layers):
+            x, layer_state = layer(x, None if state is None else state[i], return_state)
+            new_state.append(layer_state)
+        logits = self.lm_head(self.norm(x))
+        return (logits, new_state) if return_state else logits
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        total = sum(p.numel() for p in self.parameters())
+        return total - self.embed.weight.numel() if exclude_embeddings else total
+
+
+def build_model(cell: str, preset: str = "tiny", **overrides: Any) -> LanguageModel:
+    """``build_model("gdn", preset="tiny", num_layers=3, expand_v=2.0)``: preset values, then overrides
+    (ModelConfig fields, or mixer options such as ``use_rope``, ``backend``, ``chunk_size``)."""
+    return LanguageModel(model_config(cell, preset, **overrides))
+
+
+@torch.no_grad()
+def generate(
+    model: LanguageModel,
+    prompt_ids: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Sample ``max_new_tokens`` after ``prompt_ids`` (``[B, T]`` or ``[T]``) one token at a time with the
+    carried recurrent state; temperature 0 is greedy. Returns prompt and new tokens, ``[B, T + new]``."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"generate: argument 'max_new_tokens' must be an int >= 0, got {max_new_tokens!r}")
+    if temperature < 0:
+        raise ValueError(f"generate: argument 'temperature' must be >= 0, got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"generate: argument 'top_k' must be None or an int >= 1, got {top_k!r}")
+    squeeze = isinstance(prompt_ids, Tensor) and prompt_ids.dim() == 1
+    tokens = prompt_ids[None] if squeeze else prompt_ids
+    was_training = model.training
+    model.eval()
+    logits, state = model(tokens, return_state=True)
+    for step in range(max_new_tokens):
+        next_logits = logits[:, -1].float()
+        if temperature == 0:
+            next_token = next_logits.argmax(-1, keepdim=True)
+        else:
+            next_logits = next_logits / temperature
+            if top_k is not None:
+                threshold = next_logits.topk(min(top_k, next_logits.shape[-1]), dim=-1).values[:, -1:]
+                next_logits = next_logits.masked_fill(next_logits < threshold, float("-inf"))
+            next_token = torch.multinomial(next_logits.softmax(-1), 1, generator=generator)
+        tokens = torch.cat([tokens, next_token], dim=1)
+        if step + 1 < max_new_tokens:
+            logits, state = model(next_token, state=state, return_state=True)
+    model.train(was_training)
+    return tokens[0] if squeeze else tokens

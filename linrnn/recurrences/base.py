@@ -1,0 +1,216 @@
+"""What every cell's mixer layer shares.
+
+x → projections → causal depthwise short conv + SiLU (q, k, v and any extra key
+streams) → heads → optional RoPE (q, k) → L2 norm (q, k, extras) → the cell's gates
+and recurrence op → per-head gated RMSNorm → o_proj.
+
+A cell subclasses ``LinearRNNMixer``, adds its gate parameters in ``__init__``
+and implements ``mix`` (gates + op call). Decoding carries a ``MixerState``:
+the short-conv histories and the recurrent state, so step-by-step decoding
+equals the full forward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import Tensor, nn
+
+
+class MixerOptions(BaseModel):
+    """Options of a mixer layer that do not depend on the model's width."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    expand_k: float = Field(0.75, gt=0, description="key width = expand_k * hidden_size (seeds 000/001)")
+    expand_v: float = Field(1.5, gt=0, description="value width = expand_v * hidden_size")
+    head_k_dim: int | None = Field(None, gt=0, description="per-head key dim; overrides expand_k")
+    head_v_dim: int | None = Field(None, gt=0, description="per-head value dim; overrides expand_v")
+    use_short_conv: bool = True
+    conv_size: int = Field(4, ge=1)
+    allow_neg_eigval: bool = Field(False, description="beta in [0, 2] instead of [0, 1]")
+    gate_low_rank: int | None = Field(None, gt=0, description="rank of low-rank gate projections (cell default if None)")
+    use_rope: bool = False
+    rope_theta: float = Field(10000.0, gt=0)
+    norm_eps: float = Field(1e-6, gt=0)
+    backend: str = "auto"
+    chunk_size: int | None = Field(None, gt=0)
+
+
+class MixerConfig(MixerOptions):
+    hidden_size: int = Field(gt=0)
+    num_heads: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _head_dims(self) -> MixerConfig:
+        for dim, expand in (("head_k_dim", "expand_k"), ("head_v_dim", "expand_v")):
+            if getattr(self, dim) is not None:
+                continue
+            width = self.hidden_size * getattr(self, expand)
+            if width != int(width) or int(width) % self.num_heads:
+                raise ValueError(
+                    f"{expand} * hidden_size = {width:g} must be an integer divisible by num_heads = "
+                    f"{self.num_heads}; set {dim} explicitly or change {expand}"
+                )
+            setattr(self, dim, int(width) // self.num_heads)
+        if self.use_rope and self.head_k_dim % 2:
+            raise ValueError(f"use_rope needs an even head_k_dim, got {self.head_k_dim}")
+        return self
+
+
+@dataclass
+class MixerState:
+    """Carried between calls: short-conv histories ``[B, C, W−1]`` per stream, recurrent state ``[B, H, K, V]``."""
+
+    conv: dict[str, Tensor] = field(default_factory=dict)
+    recurrent: Tensor | None = None
+    position: int = 0
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise conv over time followed by SiLU; carries its last ``W − 1`` inputs for decoding."""
+
+    def __init__(self, channels: int, kernel_size: int):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+
+    def forward(self, x: Tensor, history: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        x = rearrange(x, "b t c -> b c t")
+        if history is None:
+            history = x.new_zeros(x.shape[0], x.shape[1], self.kernel_size - 1)
+        padded = torch.cat([history.to(x.dtype), x], dim=-1)  # [B, C, W − 1 + T]
+        y = F.conv1d(padded, self.weight, groups=x.shape[1])
+        return rearrange(F.silu(y), "b c t -> b t c"), padded[..., padded.shape[-1] - (self.kernel_size - 1) :]
+
+
+class GatedRMSNorm(nn.Module):
+    """Per-head RMSNorm of the recurrence output, times SiLU of the output gate (computed in fp32)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        return (normed * F.silu(gate.float())).to(x.dtype)
+
+
+def apply_rope(x: Tensor, start: int, theta: float) -> Tensor:
+    """Rotary embedding on ``[B, T, H, K]`` at positions ``start .. start + T − 1`` (half-split pairs)."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    positions = torch.arange(start, start + x.shape[1], device=x.device, dtype=torch.float32)
+    angles = positions[:, None] * inv_freq[None, :]  # [T, K/2]
+    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    first, second = x.float()[..., :half], x.float()[..., half:]
+    rotated = torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+    return rotated.to(x.dtype)
+
+
+def mamba_decay_params(num_heads: int, dt_size: int) -> tuple[nn.Parameter, nn.Parameter]:
+    """``A_log = log U(0, 16)`` per head; ``dt`` log-uniform in [1e-3, 1e-1], ``dt_bias = dt + log(−expm1(−dt))``."""
+    a = torch.empty(num_heads).uniform_(0, 16).clamp_min(1e-4)  # clamp: log(0) on the measure-zero draw
+    dt = torch.exp(torch.empty(dt_size).uniform_(math.log(1e-3), math.log(1e-1)))
+    return nn.Parameter(a.log()), nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+
+
+def mamba_log_decay(pre: Tensor, a_log: Tensor, dt_bias: Tensor) -> Tensor:
+    """``g = −exp(A_log) · softplus(pre + dt_bias)`` in fp32; ``a_log`` broadcasts against ``pre``."""
+    return -a_log.float().exp() * F.softplus(pre.float() + dt_bias.float())
+
+
+class LinearRNNMixer(nn.Module):
+    """Token mixer shared by all cells; subclasses add gates and implement ``mix``."""
+
+    cell: str  # registry name, set by each subclass
+    extra_key_streams: tuple[str, ...] = ()  # e.g. ("a",): projected, convolved and L2-normed like k
+
+    def __init__(self, config: MixerConfig):
+        super().__init__()
+        self.config = config
+        hidden, heads = config.hidden_size, config.num_heads
+        self.num_heads, self.head_k_dim, self.head_v_dim = heads, config.head_k_dim, config.head_v_dim
+        key_width, value_width = heads * self.head_k_dim, heads * self.head_v_dim
+        for name in ("q", "k", *self.extra_key_streams):
+            setattr(self, f"{name}_proj", nn.Linear(hidden, key_width, bias=False))
+        self.v_proj = nn.Linear(hidden, value_width, bias=False)
+        if config.use_short_conv:
+            for name in self.stream_names:
+                width = value_width if name == "v" else key_width
+                setattr(self, f"{name}_conv", ShortConv(width, config.conv_size))
+        self.g_proj = nn.Linear(hidden, value_width, bias=False)
+        self.o_norm = GatedRMSNorm(self.head_v_dim, config.norm_eps)
+        self.o_proj = nn.Linear(value_width, hidden, bias=False)
+
+    @property
+    def stream_names(self) -> tuple[str, ...]:
+        return ("q", "k", "v", *self.extra_key_streams)
+
+    def local_param_roles(self) -> dict[str, str]:
+        """{parameter name: role}, from this cell's registry entry."""
+        from linrnn.recurrences.registry import get_cell
+
+        roles = get_cell(self.cell).roles
+        missing = [name for name, _ in self.named_parameters() if name not in roles]
+        if missing:
+            raise ValueError(f"cell {self.cell!r}: parameters without a role: {missing}")
+        return {name: roles[name] for name, _ in self.named_parameters()}
+
+    def write_strength(self, x: Tensor) -> Tensor:
+        """``beta = sigmoid(W_β x)`` ``[B, T, H]`` in fp32, doubled when negative eigenvalues are allowed."""
+        beta = self.b_proj(x).float().sigmoid()
+        return 2 * beta if self.config.allow_neg_eigval else beta
+
+    def mix(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, extra: dict[str, Tensor], **op_args):
+        """Gates from ``x`` and the cell's op on per-head q, k ``[B, T, H, K]``, v ``[B, T, H, V]``."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, state: MixerState | None = None, output_state: bool = False):
+        """x ``[B, T, hidden]`` → (y ``[B, T, hidden]``, new MixerState or None)."""
+        config = self.config
+        history = state.conv if state is not None else {}
+        position = state.position if state is not None else 0
+        new_history, streams = {}, {}
+        for name in self.stream_names:
+            h = getattr(self, f"{name}_proj")(x)
+            if config.use_short_conv:
+                h, new_history[name] = getattr(self, f"{name}_conv")(h, history.get(name))
+            else:
+                h = F.silu(h)
+            streams[name] = rearrange(h, "b t (h d) -> b t h d", h=self.num_heads)
+        if config.use_rope:
+            for name in ("q", "k"):
+                streams[name] = apply_rope(streams[name], position, config.rope_theta)
+        q, k, v = streams.pop("q"), streams.pop("k"), streams.pop("v")
+        q, k = F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)
+        extra = {name: F.normalize(h, dim=-1, eps=1e-6) for name, h in streams.items()}
+
+        o, recurrent = self.mix(
+            x, q, k, v, extra,
+            initial_state=state.recurrent if state is not None else None,
+            output_final_state=output_state,
+            backend=config.backend,
+            chunk_size=config.chunk_size,
+        )
+        gate = rearrange(self.g_proj(x), "b t (h d) -> b t h d", h=self.num_heads)
+        y = self.o_proj(rearrange(self.o_norm(o, gate), "b t h d -> b t (h d)"))
+        if not output_state:
+            return y, None
+        return y, MixerState(conv=new_history, recurrent=recurrent, position=position + x.shape[1])
+
+
+# Roles of the parameters every mixer has (DESIGN.md "roles"); cells add theirs.
+SHARED_ROLES = {
+    **{f"{name}.weight": "hidden" for name in ("q_proj", "k_proj", "v_proj", "g_proj", "o_proj")},
+    **{f"{name}_conv.weight": "hidden" for name in ("q", "k", "v")},
+    "o_norm.weight": "norm",
+}

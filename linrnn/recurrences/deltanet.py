@@ -1,0 +1,30 @@
+"""DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ`` — delta rule, no decay."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from linrnn.kernels import ops
+from linrnn.recurrences.base import LinearRNNMixer, MixerConfig
+from linrnn.recurrences.registry import CellSpec, register
+
+
+class DeltaNet(LinearRNNMixer):
+    def __init__(self, config: MixerConfig):
+        super().__init__(config)
+        self.b_proj = nn.Linear(config.hidden_size, config.num_heads, bias=False)  # W_β
+
+    def mix(self, x, q, k, v, extra, **op_args):
+        return ops.delta_rule(q, k, v, self.write_strength(x), **op_args)
+
+
+SPEC = register(
+    CellSpec(
+        name="deltanet",
+        mixer=DeltaNet,
+        decay="none",
+        erase="tied",
+        recurrence="S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ",
+        cell_roles={"b_proj.weight": "gate"},
+    )
+)

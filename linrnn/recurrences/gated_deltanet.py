@@ -1,0 +1,43 @@
+"""Gated DeltaNet (seed 002): ``S_t = (I − β_t k_t k_tᵀ) exp(g_t) S_{t−1} + β_t k_t v_tᵀ``, g per head.
+
+``g = −exp(A_log) · softplus(W_α x + dt_bias)`` (Mamba-2 style), ``β = sigmoid(W_β x)``.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from linrnn.kernels import ops
+from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params, mamba_log_decay
+from linrnn.recurrences.registry import CellSpec, register
+
+
+class GatedDeltaNet(LinearRNNMixer):
+    def __init__(self, config: MixerConfig):
+        super().__init__(config)
+        heads = config.num_heads
+        self.f_proj = nn.Linear(config.hidden_size, heads, bias=False)  # W_α
+        self.b_proj = nn.Linear(config.hidden_size, heads, bias=False)  # W_β
+        self.A_log, self.dt_bias = mamba_decay_params(heads, heads)
+
+    def mix(self, x, q, k, v, extra, **op_args):
+        g = mamba_log_decay(self.f_proj(x), self.A_log, self.dt_bias)  # [B, T, H]
+        return ops.gated_delta_rule(q, k, v, g, self.write_strength(x), **op_args)
+
+
+SPEC = register(
+    CellSpec(
+        name="gated_deltanet",
+        mixer=GatedDeltaNet,
+        decay="head",
+        erase="tied",
+        recurrence="S_t = (I − β_t k_t k_tᵀ) exp(g_t) S_{t−1} + β_t k_t v_tᵀ",
+        cell_roles={
+            "f_proj.weight": "gate",
+            "b_proj.weight": "gate",
+            "A_log": "gate_scalar",
+            "dt_bias": "gate_scalar",
+        },
+        aliases=("gdn",),
+    )
+)

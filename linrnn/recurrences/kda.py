@@ -1,0 +1,55 @@
+"""Kimi Delta Attention: ``S_t = (I − β_t k_t k_tᵀ) Diag(exp g_t) S_{t−1} + β_t k_t v_tᵀ``, g per key channel.
+
+The decay gate is GDN's with a low-rank W_α producing one pre-activation per key channel:
+``g = −exp(A_log_h) · softplus(W_α2 W_α1 x + dt_bias)``; A_log per head, dt_bias per channel.
+"""
+
+from __future__ import annotations
+
+from einops import rearrange
+from torch import nn
+
+from linrnn.kernels import ops
+from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params, mamba_log_decay
+from linrnn.recurrences.registry import CellSpec, register
+
+
+class KimiDeltaAttention(LinearRNNMixer):
+    def __init__(self, config: MixerConfig):
+        super().__init__(config)
+        heads, key_width = config.num_heads, config.num_heads * config.head_k_dim
+        rank = config.gate_low_rank or config.head_v_dim
+        self.f_proj = nn.Sequential(
+            nn.Linear(config.hidden_size, rank, bias=False), nn.Linear(rank, key_width, bias=False)
+        )  # low-rank W_α
+        self.b_proj = nn.Linear(config.hidden_size, heads, bias=False)  # W_β
+        self.A_log, self.dt_bias = mamba_decay_params(heads, key_width)
+
+    def channel_log_decay(self, x):
+        """Per-channel log-decay ``[B, T, H, K]`` (fp32)."""
+        pre = rearrange(self.f_proj(x), "b t (h k) -> b t h k", h=self.num_heads)
+        dt_bias = rearrange(self.dt_bias, "(h k) -> h k", h=self.num_heads)
+        return mamba_log_decay(pre, self.A_log[:, None], dt_bias)
+
+    def mix(self, x, q, k, v, extra, **op_args):
+        return ops.kda(q, k, v, self.channel_log_decay(x), self.write_strength(x), **op_args)
+
+
+CHANNEL_GATE_ROLES = {
+    "f_proj.0.weight": "gate",
+    "f_proj.1.weight": "gate",
+    "b_proj.weight": "gate",
+    "A_log": "gate_scalar",
+    "dt_bias": "gate_scalar",
+}
+
+SPEC = register(
+    CellSpec(
+        name="kda",
+        mixer=KimiDeltaAttention,
+        decay="channel",
+        erase="tied",
+        recurrence="S_t = (I − β_t k_t k_tᵀ) Diag(exp g_t) S_{t−1} + β_t k_t v_tᵀ",
+        cell_roles=CHANNEL_GATE_ROLES,
+    )
+)
