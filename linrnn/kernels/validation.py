@@ -77,7 +77,8 @@ def check_values(op: str, g: Tensor | None, beta: Tensor | None, max_beta: float
             fail(op, f"argument 'beta' must lie in [0, {max_beta:g}], got range [{low:.4g}, {high:.4g}]")
 
 
-def check_unit_rows(op: str, name: str, x: Tensor, tol: float = 1e-3) -> None:
+def check_unit_rows(op: str, name: str, x: Tensor) -> None:
+    tol = 1e-2  # catches un-normalised input; rounding a unit row to bf16 moves its norm by up to ~4e-3
     norms = x.float().norm(dim=-1)
     worst = (norms - 1).abs().max().item()
     if worst > tol:

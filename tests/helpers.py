@@ -1,0 +1,73 @@
+"""Random inputs per cell and a forward+backward harness shared by the kernel tests."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from linrnn import ops
+
+CELLS = ["gla", "deltanet", "gated_deltanet", "kda", "gammanet"]
+OPS = {
+    "gla": ops.gla,
+    "deltanet": ops.delta_rule,
+    "gated_deltanet": ops.gated_delta_rule,
+    "kda": ops.kda,
+    "gammanet": ops.gammanet,
+}
+
+
+def make_inputs(cell, *, B, T, H, K, V, dtype=torch.float64, initial_state=False, num_states=None,
+                seed=0, gate_bias=2.0):
+    """Admissible random inputs: unit keys / erase directions, g = logsigmoid(N(0,1) + gate_bias), beta ~ U(0, 2)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    inputs = {"q": randn(B, T, H, K), "k": F.normalize(randn(B, T, H, K), dim=-1), "v": randn(B, T, H, V)}
+    if cell == "gammanet":
+        inputs["a"] = F.normalize(randn(B, T, H, K), dim=-1)
+    if cell in ("gla", "kda", "gammanet"):
+        inputs["g"] = F.logsigmoid(randn(B, T, H, K) + gate_bias)
+    if cell == "gated_deltanet":
+        inputs["g"] = F.logsigmoid(randn(B, T, H) + gate_bias)
+    if cell != "gla":
+        inputs["beta"] = 2 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    if cell == "gammanet":
+        inputs["log_gamma"] = 0.5 * randn(H, K)
+    if initial_state:
+        inputs["initial_state"] = randn(num_states or B, H, K, V)
+    for name in ("q", "k", "v", "a"):
+        if name in inputs:
+            inputs[name] = inputs[name].to(dtype)
+    return inputs
+
+
+def forward_backward(cell, inputs, seed=1, **op_args):
+    """Runs the cell's op with gradients on every input; loss = <o, do> + <S_T, dS>."""
+    leaves = {name: x.detach().clone().requires_grad_(True) for name, x in inputs.items()}
+    o, final = OPS[cell](**leaves, output_final_state=True, **op_args)
+    gen = torch.Generator().manual_seed(seed)
+    d_o = torch.randn(o.shape, generator=gen, dtype=torch.float64)
+    d_final = torch.randn(final.shape, generator=gen, dtype=torch.float64)
+    (o.double() * d_o).sum().add((final.double() * d_final).sum()).backward()
+    return o.detach(), final.detach(), {name: x.grad for name, x in leaves.items()}
+
+
+def assert_close(actual, expected, rtol, name, atol=1e-13):
+    """Relative error in norm: ||actual − expected|| <= rtol ||expected|| + atol (atol only matters at 0)."""
+    assert actual.shape == expected.shape, f"{name}: shape {list(actual.shape)} != {list(expected.shape)}"
+    assert torch.isfinite(actual).all(), f"{name}: non-finite values"
+    error = (actual.double() - expected.double()).norm().item()
+    scale = expected.double().norm().item()
+    assert error <= rtol * scale + atol, f"{name}: relative error {error / max(scale, 1e-300):.3e} > {rtol:g}"
+
+
+def assert_runs_match(actual, expected, rtol, atol=1e-13):
+    """Compares (o, final_state, grads) of two ``forward_backward`` runs."""
+    assert_close(actual[0], expected[0], rtol, "output", atol)
+    assert_close(actual[1], expected[1], rtol, "final state", atol)
+    assert actual[2].keys() == expected[2].keys()
+    for name in expected[2]:
+        assert_close(actual[2][name], expected[2][name], rtol, f"grad of {name}", atol)
