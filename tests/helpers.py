@@ -17,8 +17,9 @@ OPS = {
 }
 
 
-def make_inputs(cell, *, B, T, H, K, V, dtype=torch.float64, initial_state=False, num_states=None,
-                seed=0, gate_bias=2.0):
+def make_inputs(
+    cell, *, B, T, H, K, V, dtype=torch.float64, initial_state=False, num_states=None, seed=0, gate_bias=2.0
+):
     """Admissible random inputs: unit keys / erase directions, g = logsigmoid(N(0,1) + gate_bias), beta ~ U(0, 2)."""
     gen = torch.Generator().manual_seed(seed)
 

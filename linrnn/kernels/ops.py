@@ -68,51 +68,178 @@ def recurrence(
         fail(op, "argument 'e' must be None when erase=False, got a tensor")
     _check(op, q, k, v, g=g, g_kind="any", beta=beta, e=e, initial_state=initial_state, cu_seqlens=cu_seqlens)
     return _dispatch(
-        op, q, k, v, (e if e is not None else k) if erase else None, g, beta,
-        scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values,
+        op,
+        q,
+        k,
+        v,
+        (e if e is not None else k) if erase else None,
+        g,
+        beta,
+        scale,
+        initial_state,
+        output_final_state,
+        cu_seqlens,
+        backend,
+        chunk_size,
+        check_values,
     )
 
 
-def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        backend="auto", chunk_size=None, check_values=False):
+def gla(
+    q,
+    k,
+    v,
+    g,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    backend="auto",
+    chunk_size=None,
+    check_values=False,
+):
     """Gated linear attention: ``S_t = Diag(exp g_t) S_{t−1} + k_t v_tᵀ``; g ``[B, T, H, K]``."""
     op = "linrnn.ops.gla"
     _check(op, q, k, v, g=g, g_kind="channel", initial_state=initial_state, cu_seqlens=cu_seqlens)
-    return _dispatch(op, q, k, v, None, g, None, scale, initial_state, output_final_state,
-                     cu_seqlens, backend, chunk_size, check_values)
+    return _dispatch(
+        op,
+        q,
+        k,
+        v,
+        None,
+        g,
+        None,
+        scale,
+        initial_state,
+        output_final_state,
+        cu_seqlens,
+        backend,
+        chunk_size,
+        check_values,
+    )
 
 
-def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-               backend="auto", chunk_size=None, check_values=False):
+def delta_rule(
+    q,
+    k,
+    v,
+    beta,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    backend="auto",
+    chunk_size=None,
+    check_values=False,
+):
     """DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ``; beta ``[B, T, H]``."""
     op = "linrnn.ops.delta_rule"
     _check(op, q, k, v, beta=beta, beta_required=True, initial_state=initial_state, cu_seqlens=cu_seqlens)
-    return _dispatch(op, q, k, v, k, None, beta, scale, initial_state, output_final_state,
-                     cu_seqlens, backend, chunk_size, check_values)
+    return _dispatch(
+        op,
+        q,
+        k,
+        v,
+        k,
+        None,
+        beta,
+        scale,
+        initial_state,
+        output_final_state,
+        cu_seqlens,
+        backend,
+        chunk_size,
+        check_values,
+    )
 
 
-def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, backend="auto", chunk_size=None, check_values=False):
+def gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    backend="auto",
+    chunk_size=None,
+    check_values=False,
+):
     """Gated DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) exp(g_t) S_{t−1} + β_t k_t v_tᵀ``; g, beta ``[B, T, H]``."""
     op = "linrnn.ops.gated_delta_rule"
-    _check(op, q, k, v, g=g, g_kind="head", beta=beta, beta_required=True,
-           initial_state=initial_state, cu_seqlens=cu_seqlens)
-    return _dispatch(op, q, k, v, k, g, beta, scale, initial_state, output_final_state,
-                     cu_seqlens, backend, chunk_size, check_values)
+    _check(
+        op,
+        q,
+        k,
+        v,
+        g=g,
+        g_kind="head",
+        beta=beta,
+        beta_required=True,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return _dispatch(
+        op, q, k, v, k, g, beta, scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values
+    )
 
 
-def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        backend="auto", chunk_size=None, check_values=False):
+def kda(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    backend="auto",
+    chunk_size=None,
+    check_values=False,
+):
     """Kimi Delta Attention: GDN with per-channel decay, g ``[B, T, H, K]``, beta ``[B, T, H]``."""
     op = "linrnn.ops.kda"
-    _check(op, q, k, v, g=g, g_kind="channel", beta=beta, beta_required=True,
-           initial_state=initial_state, cu_seqlens=cu_seqlens)
-    return _dispatch(op, q, k, v, k, g, beta, scale, initial_state, output_final_state,
-                     cu_seqlens, backend, chunk_size, check_values)
+    _check(
+        op,
+        q,
+        k,
+        v,
+        g=g,
+        g_kind="channel",
+        beta=beta,
+        beta_required=True,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+    )
+    return _dispatch(
+        op, q, k, v, k, g, beta, scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values
+    )
 
 
-def gammanet(q, k, v, a, g, beta, log_gamma, *, scale=None, initial_state=None, output_final_state=False,
-             cu_seqlens=None, backend="auto", chunk_size=None, check_values=False):
+def gammanet(
+    q,
+    k,
+    v,
+    a,
+    g,
+    beta,
+    log_gamma,
+    *,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    backend="auto",
+    chunk_size=None,
+    check_values=False,
+):
     """GammaNet (seed 003) in FLA orientation, Γ = Diag(exp log_gamma) per head::
 
         S_t = (I − β_t Γ a_t a_tᵀ Γ⁻¹) Diag(exp g_t) S_{t−1} + β_t k_t v_tᵀ,   o_t = S_tᵀ (scale · q_t)
@@ -125,8 +252,19 @@ def gammanet(q, k, v, a, g, beta, log_gamma, *, scale=None, initial_state=None, 
     States in and out are always the true ``S``.
     """
     op = "linrnn.ops.gammanet"
-    _check(op, q, k, v, g=g, g_kind="channel", beta=beta, beta_required=True, e=a,
-           initial_state=initial_state, cu_seqlens=cu_seqlens)
+    _check(
+        op,
+        q,
+        k,
+        v,
+        g=g,
+        g_kind="channel",
+        beta=beta,
+        beta_required=True,
+        e=a,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+    )
     check_tensor(op, "log_gamma", log_gamma, [q.shape[2], q.shape[3]], "[H, K]")
     check_same(op, {"q": q, "log_gamma": log_gamma}, "device")
     if check_values or backend == "reference":
@@ -134,13 +272,28 @@ def gammanet(q, k, v, a, g, beta, log_gamma, *, scale=None, initial_state=None, 
     dtype = compute_dtype(q.dtype)
     gamma = log_gamma.to(dtype).exp()  # [H, K]
     state = None if initial_state is None else initial_state.to(dtype) / gamma[:, :, None]
-    o, final = _dispatch(op, q.to(dtype) * gamma, k.to(dtype) / gamma, v, a.to(dtype), g, beta, scale, state,
-                         output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    o, final = _dispatch(
+        op,
+        q.to(dtype) * gamma,
+        k.to(dtype) / gamma,
+        v,
+        a.to(dtype),
+        g,
+        beta,
+        scale,
+        state,
+        output_final_state,
+        cu_seqlens,
+        backend,
+        chunk_size,
+        check_values,
+    )
     return o, None if final is None else final * gamma[:, :, None]
 
 
-def _check(op, q, k, v, *, g=None, g_kind=None, beta=None, beta_required=False, e=None,
-           initial_state=None, cu_seqlens=None):
+def _check(
+    op, q, k, v, *, g=None, g_kind=None, beta=None, beta_required=False, e=None, initial_state=None, cu_seqlens=None
+):
     check_tensor(op, "q", q, ["B", "T", "H", "K"], "[B, T, H, K]")
     batch, steps, heads, key_dim = q.shape
     if steps < 1:
@@ -162,16 +315,36 @@ def _check(op, q, k, v, *, g=None, g_kind=None, beta=None, beta_required=False, 
     if beta is not None:
         check_tensor(op, "beta", beta, [batch, steps, heads], "[B, T, H]")
     check_same(op, {"q": q, "k": k, "v": v, erase_name: e}, "dtype")
-    check_same(op, {"q": q, "k": k, "v": v, erase_name: e, "g": g, "beta": beta,
-                    "initial_state": initial_state}, "device")
+    check_same(
+        op, {"q": q, "k": k, "v": v, erase_name: e, "g": g, "beta": beta, "initial_state": initial_state}, "device"
+    )
     sequences = batch if cu_seqlens is None else check_cu_seqlens(op, cu_seqlens, batch, steps)
     if initial_state is not None:
-        check_tensor(op, "initial_state", initial_state, [sequences, heads, key_dim, v.shape[-1]],
-                     "[N, H, K, V] (N = B, or the number of sequences in cu_seqlens)")
+        check_tensor(
+            op,
+            "initial_state",
+            initial_state,
+            [sequences, heads, key_dim, v.shape[-1]],
+            "[N, H, K, V] (N = B, or the number of sequences in cu_seqlens)",
+        )
 
 
-def _dispatch(op, q, w, v, e, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-              backend, chunk_size, want_value_checks):
+def _dispatch(
+    op,
+    q,
+    w,
+    v,
+    e,
+    g,
+    beta,
+    scale,
+    initial_state,
+    output_final_state,
+    cu_seqlens,
+    backend,
+    chunk_size,
+    want_value_checks,
+):
     check_options(op, backend, chunk_size)
     if backend == "triton":
         fail(op, "backend 'triton' is not available in this version of linrnn; use 'auto', 'torch' or 'reference'")
@@ -179,8 +352,7 @@ def _dispatch(op, q, w, v, e, g, beta, scale, initial_state, output_final_state,
         check_values(op, g, beta)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    args = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                cu_seqlens=cu_seqlens)
+    args = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
     if backend == "reference":
         return recurrence_reference(q, w, v, e, g, beta, **args)
     decay_kind = "none" if g is None else ("head" if g.dim() == 3 else "channel")

@@ -51,7 +51,7 @@ def recurrence_reference(
 
     bounds = cu_seqlens.tolist()
     outputs, finals = [], []
-    for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+    for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
         piece = slice(start, end)
         o, final = _loop(
             q[:, piece],

@@ -13,29 +13,20 @@ from torch import Tensor
 BACKENDS = ("auto", "triton", "torch", "reference")
 
 
-def _shape(x: Tensor) -> list[int]:
-    return list(x.shape)
-
-
 def fail(op: str, message: str) -> None:
     raise ValueError(f"{op}: {message}")
 
 
 def check_tensor(op: str, name: str, x: object, expected: list[int | str], names: str) -> None:
-    """``expected`` holds ints (fixed) or None-like placeholders given as strings (free)."""
+    """``expected`` holds ints (sizes that must match) and letters (free sizes); ``names`` is the
+    symbolic shape, e.g. ``"[B, T, H, K]"``."""
+    concrete = "[" + ", ".join(str(size) for size in expected) + "]"
     if not isinstance(x, Tensor):
-        fail(op, f"argument '{name}' must be a torch.Tensor of shape {names}, got {type(x).__name__}")
+        fail(op, f"argument '{name}' must be a torch.Tensor of shape {names} = {concrete}, got {type(x).__name__}")
     if not x.is_floating_point():
         fail(op, f"argument '{name}' must be a floating-point tensor, got dtype {x.dtype}")
-    if x.dim() != len(expected):
-        fail(op, f"argument '{name}' must have shape {names} (rank {len(expected)}), got shape {_shape(x)}")
-    for size, want in zip(x.shape, expected):
-        if isinstance(want, int) and size != want:
-            fail(op, f"argument '{name}' must have shape {names} = {_fill(expected, x)}, got shape {_shape(x)}")
-
-
-def _fill(expected: list[int | str], x: Tensor) -> list[int | str]:
-    return [want if isinstance(want, int) else size for want, size in zip(expected, x.shape)]
+    if x.dim() != len(expected) or any(isinstance(w, int) and s != w for s, w in zip(x.shape, expected, strict=True)):
+        fail(op, f"argument '{name}' must have shape {names} = {concrete}, got shape {list(x.shape)}")
 
 
 def check_same(op: str, tensors: dict[str, Tensor | None], attr: str) -> None:
@@ -50,14 +41,18 @@ def check_same(op: str, tensors: dict[str, Tensor | None], attr: str) -> None:
 def check_cu_seqlens(op: str, cu_seqlens: Tensor, batch: int, steps: int) -> int:
     """Returns the number of sequences."""
     if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
-        got = f"{cu_seqlens.dtype} tensor of shape {_shape(cu_seqlens)}" if isinstance(cu_seqlens, Tensor) else type(cu_seqlens).__name__
+        got = (
+            f"{cu_seqlens.dtype} tensor of shape {list(cu_seqlens.shape)}"
+            if isinstance(cu_seqlens, Tensor)
+            else type(cu_seqlens).__name__
+        )
         fail(op, f"argument 'cu_seqlens' must be a 1-D integer tensor [N + 1], got {got}")
     if batch != 1:
         fail(op, f"argument 'cu_seqlens' requires batch size B = 1 (sequences packed along T), got B = {batch}")
     bounds = cu_seqlens.tolist()
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != steps:
         fail(op, f"argument 'cu_seqlens' must start at 0 and end at T = {steps} with at least 2 entries, got {bounds}")
-    if any(b < a for a, b in zip(bounds[:-1], bounds[1:])):
+    if any(b < a for a, b in zip(bounds[:-1], bounds[1:], strict=True)):
         fail(op, f"argument 'cu_seqlens' must be non-decreasing, got {bounds}")
     return len(bounds) - 1
 
@@ -82,7 +77,9 @@ def check_unit_rows(op: str, name: str, x: Tensor) -> None:
     norms = x.float().norm(dim=-1)
     worst = (norms - 1).abs().max().item()
     if worst > tol:
-        fail(op, f"argument '{name}' must have unit-norm rows (L2 over the last axis), got max |norm - 1| = {worst:.3g}")
+        fail(
+            op, f"argument '{name}' must have unit-norm rows (L2 over the last axis), got max |norm - 1| = {worst:.3g}"
+        )
 
 
 def check_options(op: str, backend: str, chunk_size: int | None) -> None:

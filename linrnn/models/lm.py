@@ -77,7 +77,11 @@ class LanguageModel(nn.Module):
 
     def forward(self, input_ids: Tensor, state: list[MixerState] | None = None, return_state: bool = False):
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-            got = f"{input_ids.dtype} tensor of shape {list(input_ids.shape)}" if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            got = (
+                f"{input_ids.dtype} tensor of shape {list(input_ids.shape)}"
+                if isinstance(input_ids, Tensor)
+                else type(input_ids).__name__
+            )
             raise ValueError(f"LanguageModel: argument 'input_ids' must be an integer tensor [B, T], got {got}")
         if state is not None and len(state) != len(self.layers):
             raise ValueError(

@@ -34,7 +34,9 @@ class MixerOptions(BaseModel):
     use_short_conv: bool = True
     conv_size: int = Field(4, ge=1)
     allow_neg_eigval: bool = Field(False, description="beta in [0, 2] instead of [0, 1]")
-    gate_low_rank: int | None = Field(None, gt=0, description="rank of low-rank gate projections (cell default if None)")
+    gate_low_rank: int | None = Field(
+        None, gt=0, description="rank of low-rank gate projections (cell default if None)"
+    )
     use_rope: bool = False
     rope_theta: float = Field(10000.0, gt=0)
     norm_eps: float = Field(1e-6, gt=0)
@@ -99,19 +101,25 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
-        return (normed * F.silu(gate.float())).to(x.dtype)
+        wide = at_least_fp32(x)
+        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.to(wide.dtype)
+        return (normed * F.silu(gate.to(wide.dtype))).to(x.dtype)
+
+
+def at_least_fp32(x: Tensor) -> Tensor:
+    """Gates and norms compute in fp32 for bf16/fp16 inputs and keep fp64 for fp64 models."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def apply_rope(x: Tensor, start: int, theta: float) -> Tensor:
     """Rotary embedding on ``[B, T, H, K]`` at positions ``start .. start + T − 1`` (half-split pairs)."""
     half = x.shape[-1] // 2
-    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    positions = torch.arange(start, start + x.shape[1], device=x.device, dtype=torch.float32)
+    wide = at_least_fp32(x)
+    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=wide.dtype) / half)
+    positions = torch.arange(start, start + x.shape[1], device=x.device, dtype=wide.dtype)
     angles = positions[:, None] * inv_freq[None, :]  # [T, K/2]
     cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
-    first, second = x.float()[..., :half], x.float()[..., half:]
+    first, second = wide[..., :half], wide[..., half:]
     rotated = torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
     return rotated.to(x.dtype)
 
@@ -124,8 +132,9 @@ def mamba_decay_params(num_heads: int, dt_size: int) -> tuple[nn.Parameter, nn.P
 
 
 def mamba_log_decay(pre: Tensor, a_log: Tensor, dt_bias: Tensor) -> Tensor:
-    """``g = −exp(A_log) · softplus(pre + dt_bias)`` in fp32; ``a_log`` broadcasts against ``pre``."""
-    return -a_log.float().exp() * F.softplus(pre.float() + dt_bias.float())
+    """``g = −exp(A_log) · softplus(pre + dt_bias)`` (at least fp32); ``a_log`` broadcasts against ``pre``."""
+    pre = at_least_fp32(pre)
+    return -a_log.to(pre.dtype).exp() * F.softplus(pre + dt_bias.to(pre.dtype))
 
 
 class LinearRNNMixer(nn.Module):
@@ -166,8 +175,8 @@ class LinearRNNMixer(nn.Module):
         return {name: roles[name] for name, _ in self.named_parameters()}
 
     def write_strength(self, x: Tensor) -> Tensor:
-        """``beta = sigmoid(W_β x)`` ``[B, T, H]`` in fp32, doubled when negative eigenvalues are allowed."""
-        beta = self.b_proj(x).float().sigmoid()
+        """``beta = sigmoid(W_β x)`` ``[B, T, H]`` (at least fp32), doubled when negative eigenvalues are allowed."""
+        beta = at_least_fp32(self.b_proj(x)).sigmoid()
         return 2 * beta if self.config.allow_neg_eigval else beta
 
     def mix(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, extra: dict[str, Tensor], **op_args):
@@ -195,7 +204,11 @@ class LinearRNNMixer(nn.Module):
         extra = {name: F.normalize(h, dim=-1, eps=1e-6) for name, h in streams.items()}
 
         o, recurrent = self.mix(
-            x, q, k, v, extra,
+            x,
+            q,
+            k,
+            v,
+            extra,
             initial_state=state.recurrent if state is not None else None,
             output_final_state=output_state,
             backend=config.backend,

@@ -7,7 +7,7 @@ from einops import rearrange
 from torch import nn
 
 from linrnn.kernels import ops
-from linrnn.recurrences.base import LinearRNNMixer, MixerConfig
+from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, at_least_fp32
 from linrnn.recurrences.registry import CellSpec, register
 
 GATE_NORMALIZER = 16  # GLA's logsigmoid(·)/16 keeps the decay close to 1 at init
@@ -23,7 +23,7 @@ class GatedLinearAttention(LinearRNNMixer):
         )  # low-rank W_α with bias
 
     def mix(self, x, q, k, v, extra, **op_args):
-        pre = rearrange(self.f_proj(x), "b t (h k) -> b t h k", h=self.num_heads).float()
+        pre = at_least_fp32(rearrange(self.f_proj(x), "b t (h k) -> b t h k", h=self.num_heads))
         return ops.gla(q, k, v, F.logsigmoid(pre) / GATE_NORMALIZER, **op_args)
 
 

@@ -24,8 +24,9 @@ def test_matches_reference_fp64(cell, T, D, H, with_state):
 @pytest.mark.parametrize("cell", CELLS)
 def test_varlen_matches_reference(cell, with_state):
     lengths = [13, 64, 150]  # uneven: shorter than, equal to, and spanning several chunks
-    inputs = make_inputs(cell, B=1, T=sum(lengths), H=3, K=40, V=24, initial_state=with_state,
-                         num_states=len(lengths), seed=7)
+    inputs = make_inputs(
+        cell, B=1, T=sum(lengths), H=3, K=40, V=24, initial_state=with_state, num_states=len(lengths), seed=7
+    )
     cu_seqlens = torch.tensor([0, 13, 77, 227])
     expected = forward_backward(cell, inputs, backend="reference", cu_seqlens=cu_seqlens)
     for chunk_size in (16, 64):
@@ -33,7 +34,7 @@ def test_varlen_matches_reference(cell, with_state):
         assert_runs_match(actual, expected, 1e-10)
     # each sequence alone gives the same output and state
     o, final, _ = expected
-    for n, (start, end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):
+    for n, (start, end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True)):
         piece = {name: x[:, start:end] if x.dim() >= 3 else x for name, x in inputs.items() if name != "initial_state"}
         if with_state:
             piece["initial_state"] = inputs["initial_state"][n : n + 1]

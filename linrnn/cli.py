@@ -1,0 +1,212 @@
+"""The ``linrnn`` command: ``linrnn demo``, ``linrnn cells``, ``linrnn presets``."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+from rich.text import Text
+
+import linrnn
+from linrnn.models import LanguageModel, ModelConfig, list_presets, model_config
+
+# Shakespeare, Sonnet 18 (public domain): the demo's training text, read as UTF-8 bytes.
+TEXT = """\
+Shall I compare thee to a summer's day?
+Thou art more lovely and more temperate:
+Rough winds do shake the darling buds of May,
+And summer's lease hath all too short a date;
+Sometime too hot the eye of heaven shines,
+And often is his gold complexion dimm'd;
+And every fair from fair sometime declines,
+By chance or nature's changing course untrimm'd;
+But thy eternal summer shall not fade,
+Nor lose possession of that fair thou ow'st;
+Nor shall death brag thou wander'st in his shade,
+When in eternal lines to time thou grow'st:
+So long as men can breathe or eyes can see,
+So long lives this, and this gives life to thee.
+"""
+
+WINDOW = 64  # bytes per training sequence
+BATCH = 8
+LEARNING_RATE = 3e-3
+PROMPT = "Shall I "
+SAMPLE_BYTES = 40
+DECODE_CHECK_BYTES = 80  # longer than every default chunk, so the check crosses chunk boundaries
+DECODE_TOLERANCE = 1e-3  # max |logit difference| between step-by-step decoding and the full forward
+
+
+@dataclass
+class DemoResult:
+    cell: str
+    parameters: int
+    losses: list[float]
+    seconds: float
+    decode_diff: float
+    sample: str
+
+    @property
+    def ok(self) -> bool:
+        return all(math.isfinite(loss) for loss in self.losses) and self.decode_diff <= DECODE_TOLERANCE
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="linrnn", description="Linear-RNN token mixers on one recurrence.")
+    commands = parser.add_subparsers(title="commands", required=True)
+
+    demo_parser = commands.add_parser("demo", help="train each cell's tiny model briefly on a sonnet, then sample")
+    demo_parser.add_argument("--cells", nargs="+", type=cell_name, default=linrnn.list_cells(),
+                             help="cells to run (names or aliases; default: all)")
+    demo_parser.add_argument("--steps", type=positive_int, default=30, help="AdamW steps per cell (default 30)")
+    demo_parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo_parser.set_defaults(command=demo)
+
+    commands.add_parser("cells", help="list the recurrence cells").set_defaults(command=cells)
+    presets_parser = commands.add_parser("presets", help="list the model presets with parameter counts")
+    presets_parser.add_argument("--cell", type=cell_name, default="gated_deltanet",
+                                help="cell whose parameters are counted (default gated_deltanet)")
+    presets_parser.set_defaults(command=presets)
+    return parser
+
+
+def cell_name(name: str) -> str:
+    try:
+        return linrnn.get_cell(name).name
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def demo(args: argparse.Namespace) -> int:
+    console = Console()
+    data = torch.tensor(list(TEXT.encode("utf-8")))
+    with Progress(console=console, transient=True) as progress:
+        results = [run_cell(cell, data, args.steps, args.seed, progress) for cell in args.cells]
+    console.print(results_table(results), samples_table(results))
+    failed = [result.cell for result in results if not result.ok]
+    if failed:
+        console.print(f"[red]failed (non-finite loss or decode mismatch > {DECODE_TOLERANCE:g}): {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def run_cell(cell: str, data: torch.Tensor, steps: int, seed: int, progress: Progress) -> DemoResult:
+    torch.manual_seed(seed)
+    model = linrnn.build_model(cell, preset="tiny")
+    task = progress.add_task(cell, total=steps)
+    start = time.perf_counter()
+    losses = train(model, data, steps, lambda loss: progress.update(task, advance=1, description=f"{cell} {loss:.3f}"))
+    seconds = time.perf_counter() - start
+    prompt = torch.tensor(list(PROMPT.encode("utf-8")))
+    new_bytes = linrnn.generate(model, prompt, SAMPLE_BYTES, temperature=0)[len(prompt) :]
+    return DemoResult(
+        cell=cell,
+        parameters=model.num_parameters(),
+        losses=losses,
+        seconds=seconds,
+        decode_diff=decode_mismatch(model, data[None, :DECODE_CHECK_BYTES]),
+        sample=bytes(new_bytes.tolist()).decode("utf-8", errors="replace"),
+    )
+
+
+def train(model: LanguageModel, data: torch.Tensor, steps: int, report) -> list[float]:
+    """Next-byte prediction on random windows; ``report(loss)`` after each AdamW step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    losses = []
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - WINDOW, (BATCH, 1))
+        windows = data[starts + torch.arange(WINDOW + 1)]  # [B, WINDOW + 1]
+        logits = model(windows[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        report(losses[-1])
+    return losses
+
+
+@torch.no_grad()
+def decode_mismatch(model: LanguageModel, ids: torch.Tensor) -> float:
+    """Max |logit difference| between the full forward and feeding ``ids`` one token at a time with the state."""
+    model.eval()
+    full = model(ids)
+    state, stepped = None, []
+    for t in range(ids.shape[1]):
+        logits, state = model(ids[:, t : t + 1], state=state, return_state=True)
+        stepped.append(logits)
+    return (torch.cat(stepped, dim=1) - full).abs().max().item()
+
+
+def results_table(results: list[DemoResult]) -> Table:
+    table = Table(title=f"linrnn demo: tiny preset, next-byte prediction on a {len(TEXT.encode())}-byte sonnet")
+    for column in ("cell", "parameters", "first loss", "last loss", "seconds", "decode diff"):
+        table.add_column(column, justify="left" if column == "cell" else "right")
+    for r in results:
+        numbers = (f"{r.parameters:,}", f"{r.losses[0]:.3f}", f"{r.losses[-1]:.3f}", f"{r.seconds:.1f}")
+        table.add_row(r.cell, *numbers, f"{r.decode_diff:.1e}")
+    return table
+
+
+def samples_table(results: list[DemoResult]) -> Table:
+    table = Table(title=f"greedy {SAMPLE_BYTES}-byte samples after {PROMPT!r} (⏎ = newline)")
+    table.add_column("cell")
+    table.add_column("sample", no_wrap=True)
+    for r in results:
+        table.add_row(r.cell, Text(r.sample.replace("\n", "⏎")))
+    return table
+
+
+def cells(args: argparse.Namespace) -> int:
+    table = Table(title="linrnn cells")
+    for column in ("name", "aliases", "decay", "erase", "recurrence"):
+        table.add_column(column)
+    for name in linrnn.list_cells():
+        spec = linrnn.get_cell(name)
+        table.add_row(spec.name, ", ".join(spec.aliases) or "-", spec.decay, spec.erase, spec.recurrence)
+    Console().print(table)
+    return 0
+
+
+def presets(args: argparse.Namespace) -> int:
+    table = Table(title=f"linrnn presets ({args.cell} parameters, tied embeddings)")
+    for column in ("preset", "vocab", "hidden", "layers", "heads", "parameters"):
+        table.add_column(column, justify="left" if column == "preset" else "right")
+    for preset in list_presets():
+        config = model_config(args.cell, preset)
+        sizes = (config.vocab_size, config.hidden_size, config.num_layers, config.num_heads)
+        table.add_row(preset, *(str(size) for size in sizes), human_count(count_parameters(config)))
+    Console().print(table)
+    return 0
+
+
+def count_parameters(config: ModelConfig) -> int:
+    with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+        return LanguageModel(config).num_parameters()
+
+
+def human_count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            value = n / size
+            return f"{value:.{max(0, 2 - int(math.log10(value)))}f}{unit}"  # 3 significant digits
+    return str(n)

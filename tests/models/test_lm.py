@@ -1,0 +1,107 @@
+import pytest
+import torch
+
+import linrnn
+from linrnn.models import LanguageModel, model_config
+
+CELLS = linrnn.list_cells()
+
+
+def decode_one_by_one(model, ids, state=None):
+    logits = []
+    for t in range(ids.shape[1]):
+        step, state = model(ids[:, t : t + 1], state=state, return_state=True)
+        logits.append(step)
+    return torch.cat(logits, dim=1), state
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"use_rope": True, "allow_neg_eigval": True}, {"use_short_conv": False}],
+    ids=["default", "rope_negeig", "no_conv"],
+)
+@pytest.mark.parametrize("cell", CELLS)
+def test_decode_equals_full_forward(cell, options):
+    torch.manual_seed(0)
+    model = linrnn.build_model(cell, preset="tiny", **options).double()
+    ids = torch.randint(0, 256, (2, 23))
+    full = model(ids)
+    stepped, _ = decode_one_by_one(model, ids)
+    torch.testing.assert_close(stepped, full, rtol=1e-10, atol=1e-10)
+    # prefill a prompt, then decode the rest
+    prefill, state = model(ids[:, :9], return_state=True)
+    rest, _ = decode_one_by_one(model, ids[:, 9:], state)
+    torch.testing.assert_close(torch.cat([prefill, rest], dim=1), full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_forward_backward_roles(cell):
+    model = linrnn.build_model(cell, preset="tiny", num_layers=3)
+    ids = torch.randint(0, 256, (2, 17))
+    loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    roles = linrnn.param_roles(model)
+    assert set(roles) == {name for name, _ in model.named_parameters()}
+    assert roles["embed.weight"] == "embedding" and "lm_head.weight" not in roles  # tied
+    assert roles["layers.2.mixer.q_proj.weight"] == "hidden" and roles["layers.0.mlp_norm.weight"] == "norm"
+    untied = linrnn.build_model(cell, tie_embeddings=False)
+    assert linrnn.param_roles(untied)["lm_head.weight"] == "readout"
+
+
+def test_generate():
+    torch.manual_seed(0)
+    model = linrnn.build_model("gdn")
+    prompt = torch.randint(0, 256, (3, 5))
+    greedy = linrnn.generate(model, prompt, 7, temperature=0)
+    assert greedy.shape == (3, 12) and torch.equal(greedy[:, :5], prompt)
+    assert torch.equal(linrnn.generate(model, prompt, 7, top_k=1), greedy)
+    # greedy tokens are the argmax of the full forward on the generated sequence
+    logits = model(greedy[:, :-1])
+    assert torch.equal(logits[:, 4:].argmax(-1), greedy[:, 5:])
+    sampled = linrnn.generate(model, prompt[0], 4, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(1))
+    assert sampled.shape == (9,)
+    with pytest.raises(ValueError, match="'max_new_tokens' must be an int >= 0, got -1"):
+        linrnn.generate(model, prompt, -1)
+    with pytest.raises(ValueError, match="'top_k' must be None or an int >= 1, got 0"):
+        linrnn.generate(model, prompt, 2, top_k=0)
+
+
+def test_presets_and_overrides():
+    assert linrnn.list_presets()[0] == "tiny" and "paper-1536" in linrnn.list_presets()
+    config = model_config("gdn", "paper-512", hidden_size=640, use_rope=True)
+    assert config.cell == "gated_deltanet" and config.hidden_size == 640 and config.num_layers == 8
+    assert config.mixer == {"use_rope": True} and config.intermediate_size == 4 * 512
+    with torch.device("meta"):
+        wide = LanguageModel(model_config("gdn", "paper-1536"))
+    # seed 000: widths up to ~342M non-embedding parameters
+    assert 330e6 < wide.num_parameters(exclude_embeddings=True) < 350e6
+    with pytest.raises(ValueError, match="unknown preset 'huge'; known presets: tiny, paper-256"):
+        linrnn.build_model("gdn", preset="huge")
+    with pytest.raises(ValueError, match="unknown model option 'depth'; known options: .*num_layers"):
+        linrnn.build_model("gdn", depth=3)
+    with pytest.raises(ValueError, match="unknown cell 'gpt'"):
+        linrnn.build_model("gpt")
+    with pytest.raises(ValueError, match="vocab_size"):
+        linrnn.build_model("gdn", vocab_size=0)
+
+
+def test_bad_model_inputs():
+    model = linrnn.build_model("kda")
+    with pytest.raises(
+        ValueError, match=r"'input_ids' must be an integer tensor \[B, T\], got torch.float32 tensor of shape \[4\]"
+    ):
+        model(torch.zeros(4))
+    with pytest.raises(ValueError, match="'state' must hold 2 layer states, got 1"):
+        model(torch.zeros(1, 3, dtype=torch.long), state=[None])
+
+
+def test_bf16_model_runs():
+    model = linrnn.build_model("gammanet").to(torch.bfloat16)
+    ids = torch.randint(0, 256, (2, 40))
+    logits = model(ids)
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
+    reference = linrnn.build_model("gammanet", backend="reference").to(torch.bfloat16)
+    reference.load_state_dict(model.state_dict())
+    torch.testing.assert_close(logits.float(), reference(ids).float(), rtol=0.05, atol=0.05)
