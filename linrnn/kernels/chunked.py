@@ -173,15 +173,20 @@ def _chunk_recurrence(q, w, v, e, g, beta, state, tied):
 
     if state is None:
         state = q.new_zeros(batch, heads, key_dim, value_dim)
+
+    # Unbind once: indexing x[:, :, c] in the loop would make each backward step fill a full-size zero grad.
+    decays = [None] * num_chunks if decay_chunk is None else decay_chunk.unbind(2)
+    writes = write_to_end.unbind(2)
+    if e is not None:
+        from_values, per_state, to_end = (x.unbind(2) for x in (erased_from_values, erased_per_state, erase_to_end))
     start_states, erased = [], []
     for c in range(num_chunks):
         start_states.append(state)
-        new_state = state if decay_chunk is None else decay_chunk[:, :, c, :, None] * state
+        new_state = state if decays[c] is None else decays[c][..., None] * state
         if e is not None:
-            erased_c = erased_from_values[:, :, c] - erased_per_state[:, :, c] @ state  # U, [N, H, C, V]
-            erased.append(erased_c)
-            new_state = new_state + erase_to_end[:, :, c] @ erased_c
-        state = new_state + write_to_end[:, :, c]
+            erased.append(from_values[c] - per_state[c] @ state)  # U, [N, H, C, V]
+            new_state = new_state + to_end[c] @ erased[c]
+        state = new_state + writes[c]
     start_states = torch.stack(start_states, dim=2)  # [N, H, n, K, V]
 
     out = scaled(q, decay_from_start) @ start_states + out_intra
