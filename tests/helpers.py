@@ -46,14 +46,15 @@ def make_inputs(
 
 
 def forward_backward(cell, inputs, seed=1, **op_args):
-    """Runs the cell's op with gradients on every input; loss = <o, do> + <S_T, dS>."""
+    """Runs the cell's op with gradients on every input; loss = <o, do> + <S_T, dS>.
+    Returns (o, final state, {input name: grad}), all moved to the CPU."""
     leaves = {name: x.detach().clone().requires_grad_(True) for name, x in inputs.items()}
     o, final = OPS[cell](**leaves, output_final_state=True, **op_args)
     gen = torch.Generator().manual_seed(seed)
-    d_o = torch.randn(o.shape, generator=gen, dtype=torch.float64)
-    d_final = torch.randn(final.shape, generator=gen, dtype=torch.float64)
+    d_o = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)
+    d_final = torch.randn(final.shape, generator=gen, dtype=torch.float64).to(o.device)
     (o.double() * d_o).sum().add((final.double() * d_final).sum()).backward()
-    return o.detach(), final.detach(), {name: x.grad for name, x in leaves.items()}
+    return o.detach().cpu(), final.detach().cpu(), {name: x.grad.cpu() for name, x in leaves.items()}
 
 
 def assert_close(actual, expected, rtol, name, atol=1e-13):

@@ -1,0 +1,41 @@
+"""The torch backend on CUDA against the fp64 CPU reference (run on the GPU machine; skipped without CUDA)."""
+
+import pytest
+import torch
+
+import linrnn
+from tests.helpers import CELLS, assert_runs_match, forward_backward, make_inputs
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-4), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("cell", CELLS)
+def test_torch_backend_on_cuda(cell, dtype, rtol):
+    inputs = make_inputs(cell, B=2, T=300, H=4, K=64, V=64, initial_state=True, dtype=dtype, seed=3)
+    expected = forward_backward(cell, {n: x.double() for n, x in inputs.items()}, backend="reference")
+    actual = forward_backward(cell, {n: x.cuda() for n, x in inputs.items()}, backend="torch")
+    assert_runs_match(actual, expected, rtol)
+
+
+def test_varlen_on_cuda():
+    inputs = make_inputs("gammanet", B=1, T=200, H=2, K=32, V=32, initial_state=True, num_states=3, seed=4)
+    cu_seqlens = torch.tensor([0, 7, 120, 200])
+    expected = forward_backward("gammanet", inputs, backend="reference", cu_seqlens=cu_seqlens)
+    actual = forward_backward(
+        "gammanet", {n: x.cuda() for n, x in inputs.items()}, backend="torch", cu_seqlens=cu_seqlens.cuda()
+    )
+    assert_runs_match(actual, expected, 1e-10)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_model_decode_on_cuda(cell):
+    torch.manual_seed(0)
+    model = linrnn.build_model(cell).cuda()
+    ids = torch.randint(0, 256, (2, 20), device="cuda")
+    full = model(ids)
+    state, steps = None, []
+    for t in range(20):
+        logits, state = model(ids[:, t : t + 1], state=state, return_state=True)
+        steps.append(logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
