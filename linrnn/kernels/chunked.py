@@ -67,7 +67,9 @@ def recurrence_chunked(
     dtype, out_dtype = compute_dtype(q.dtype), v.dtype
     tied = e is w
     steps = q.shape[1]
-    packer = _Packer(cu_seqlens, batch=q.shape[0], steps=steps, chunk_size=chunk_size)
+    longest = steps if cu_seqlens is None else int(cu_seqlens.diff().max())
+    chunk_size = max(1, min(chunk_size, longest))  # a short input (one decode step) needs no padded chunk
+    packer = _Packer(cu_seqlens, steps=steps, chunk_size=chunk_size)
 
     def pack(x: Tensor | None) -> Tensor | None:
         if x is None:
@@ -88,7 +90,7 @@ def recurrence_chunked(
 class _Packer:
     """Moves ``[B, T, H, ...]`` to a zero-padded ``[N, L, H, ...]`` batch (L a chunk multiple) and back."""
 
-    def __init__(self, cu_seqlens: Tensor | None, *, batch: int, steps: int, chunk_size: int):
+    def __init__(self, cu_seqlens: Tensor | None, *, steps: int, chunk_size: int):
         self.steps = steps
         if cu_seqlens is None:
             self.index = None

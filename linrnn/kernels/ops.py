@@ -12,6 +12,8 @@ The final state is fp32 (fp64 for fp64 inputs); ``o`` has ``v``'s dtype.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from torch import Tensor
 
 from linrnn.kernels.chunked import recurrence_chunked
@@ -22,12 +24,25 @@ from linrnn.kernels.validation import (
     check_same,
     check_tensor,
     check_unit_rows,
-    check_values,
+    check_gate_values,
     fail,
 )
 
 # Per-channel decay makes the torch path's pairwise decay [C, C, K] per chunk: smaller chunks.
 DEFAULT_CHUNK = {"none": 64, "head": 64, "channel": 32}
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The keyword options every op shares (documented on ``recurrence``)."""
+
+    scale: float | None
+    initial_state: Tensor | None
+    output_final_state: bool
+    cu_seqlens: Tensor | None
+    backend: str
+    chunk_size: int | None
+    check_values: bool
 
 
 def recurrence(
@@ -57,194 +72,72 @@ def recurrence(
         beta: write/erase strength ``[B, T, H]`` in [0, 2]; None: 1.
         e: erase direction ``[B, T, H, K]`` (unit rows); None: tied, e = k.
         erase: False drops the erase term (GLA); then ``e`` must be None.
+        scale: query scale; None: ``K ** -0.5``.
         initial_state: ``[N, H, K, V]``, N = B, or the number of sequences with ``cu_seqlens``.
-        cu_seqlens: ``[N + 1]`` int boundaries of sequences packed along T (B = 1).
+        output_final_state: also return the state after the last step (fp32; fp64 for fp64 inputs).
+        cu_seqlens: ``[N + 1]`` int boundaries of sequences packed along T (B = 1); states reset per sequence.
         backend: "auto" | "torch" | "reference" ("triton" arrives with the Triton kernels).
         chunk_size: chunk length of the chunkwise backends (default by decay kind).
-        check_values: also check gate values (finite, g ≤ 0, beta in [0, 2]); costs a sync.
+        check_values: also check gate values (finite, g ≤ 0, beta in [0, 2]); reads tensor contents,
+            so it costs a device sync. Always on with backend="reference".
     """
     op = "linrnn.ops.recurrence"
+    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
     if not erase and e is not None:
         fail(op, "argument 'e' must be None when erase=False, got a tensor")
-    _check(op, q, k, v, g=g, g_kind="any", beta=beta, e=e, initial_state=initial_state, cu_seqlens=cu_seqlens)
-    return _dispatch(
-        op,
-        q,
-        k,
-        v,
-        (e if e is not None else k) if erase else None,
-        g,
-        beta,
-        scale,
-        initial_state,
-        output_final_state,
-        cu_seqlens,
-        backend,
-        chunk_size,
-        check_values,
-    )
+    _check(op, q, k, v, options, g=g, g_kind="any", beta=beta, e=e)
+    erase_direction = (k if e is None else e) if erase else None
+    return _dispatch(op, q, k, v, erase_direction, g, beta, options)
 
 
-def gla(
-    q,
-    k,
-    v,
-    g,
-    *,
-    scale=None,
-    initial_state=None,
-    output_final_state=False,
-    cu_seqlens=None,
-    backend="auto",
-    chunk_size=None,
-    check_values=False,
-):
-    """Gated linear attention: ``S_t = Diag(exp g_t) S_{t−1} + k_t v_tᵀ``; g ``[B, T, H, K]``."""
+def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        backend="auto", chunk_size=None, check_values=False):  # fmt: skip
+    """Gated linear attention: ``S_t = Diag(exp g_t) S_{t−1} + k_t v_tᵀ``; g ``[B, T, H, K]``.
+    Options as in ``recurrence``."""
     op = "linrnn.ops.gla"
-    _check(op, q, k, v, g=g, g_kind="channel", initial_state=initial_state, cu_seqlens=cu_seqlens)
-    return _dispatch(
-        op,
-        q,
-        k,
-        v,
-        None,
-        g,
-        None,
-        scale,
-        initial_state,
-        output_final_state,
-        cu_seqlens,
-        backend,
-        chunk_size,
-        check_values,
-    )
+    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    _check(op, q, k, v, options, g=g, g_kind="channel")
+    return _dispatch(op, q, k, v, None, g, None, options)
 
 
-def delta_rule(
-    q,
-    k,
-    v,
-    beta,
-    *,
-    scale=None,
-    initial_state=None,
-    output_final_state=False,
-    cu_seqlens=None,
-    backend="auto",
-    chunk_size=None,
-    check_values=False,
-):
-    """DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ``; beta ``[B, T, H]``."""
+def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+               backend="auto", chunk_size=None, check_values=False):  # fmt: skip
+    """DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ``; beta ``[B, T, H]``.
+    Options as in ``recurrence``."""
     op = "linrnn.ops.delta_rule"
-    _check(op, q, k, v, beta=beta, beta_required=True, initial_state=initial_state, cu_seqlens=cu_seqlens)
-    return _dispatch(
-        op,
-        q,
-        k,
-        v,
-        k,
-        None,
-        beta,
-        scale,
-        initial_state,
-        output_final_state,
-        cu_seqlens,
-        backend,
-        chunk_size,
-        check_values,
-    )
+    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    _check(op, q, k, v, options, beta=beta, beta_required=True)
+    return _dispatch(op, q, k, v, k, None, beta, options)
 
 
-def gated_delta_rule(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    *,
-    scale=None,
-    initial_state=None,
-    output_final_state=False,
-    cu_seqlens=None,
-    backend="auto",
-    chunk_size=None,
-    check_values=False,
-):
-    """Gated DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) exp(g_t) S_{t−1} + β_t k_t v_tᵀ``; g, beta ``[B, T, H]``."""
+def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                     cu_seqlens=None, backend="auto", chunk_size=None, check_values=False):  # fmt: skip
+    """Gated DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) exp(g_t) S_{t−1} + β_t k_t v_tᵀ``; g, beta ``[B, T, H]``.
+    Options as in ``recurrence``."""
     op = "linrnn.ops.gated_delta_rule"
-    _check(
-        op,
-        q,
-        k,
-        v,
-        g=g,
-        g_kind="head",
-        beta=beta,
-        beta_required=True,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-    )
-    return _dispatch(
-        op, q, k, v, k, g, beta, scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values
-    )
+    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    _check(op, q, k, v, options, g=g, g_kind="head", beta=beta, beta_required=True)
+    return _dispatch(op, q, k, v, k, g, beta, options)
 
 
-def kda(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    *,
-    scale=None,
-    initial_state=None,
-    output_final_state=False,
-    cu_seqlens=None,
-    backend="auto",
-    chunk_size=None,
-    check_values=False,
-):
-    """Kimi Delta Attention: GDN with per-channel decay, g ``[B, T, H, K]``, beta ``[B, T, H]``."""
+def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        backend="auto", chunk_size=None, check_values=False):  # fmt: skip
+    """Kimi Delta Attention: GDN with per-channel decay, g ``[B, T, H, K]``, beta ``[B, T, H]``.
+    Options as in ``recurrence``."""
     op = "linrnn.ops.kda"
-    _check(
-        op,
-        q,
-        k,
-        v,
-        g=g,
-        g_kind="channel",
-        beta=beta,
-        beta_required=True,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-    )
-    return _dispatch(
-        op, q, k, v, k, g, beta, scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values
-    )
+    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    _check(op, q, k, v, options, g=g, g_kind="channel", beta=beta, beta_required=True)
+    return _dispatch(op, q, k, v, k, g, beta, options)
 
 
-def gammanet(
-    q,
-    k,
-    v,
-    a,
-    g,
-    beta,
-    log_gamma,
-    *,
-    scale=None,
-    initial_state=None,
-    output_final_state=False,
-    cu_seqlens=None,
-    backend="auto",
-    chunk_size=None,
-    check_values=False,
-):
+def gammanet(q, k, v, a, g, beta, log_gamma, *, scale=None, initial_state=None, output_final_state=False,
+             cu_seqlens=None, backend="auto", chunk_size=None, check_values=False):  # fmt: skip
     """GammaNet (seed 003) in FLA orientation, Γ = Diag(exp log_gamma) per head::
 
         S_t = (I − β_t Γ a_t a_tᵀ Γ⁻¹) Diag(exp g_t) S_{t−1} + β_t k_t v_tᵀ,   o_t = S_tᵀ (scale · q_t)
 
-    a ``[B, T, H, K]`` (unit rows), g ``[B, T, H, K]``, beta ``[B, T, H]``, log_gamma ``[H, K]``.
+    a ``[B, T, H, K]`` (unit rows), g ``[B, T, H, K]``, beta ``[B, T, H]``, log_gamma ``[H, K]``;
+    options as in ``recurrence`` (``check_values`` also checks that ``a`` has unit rows).
 
     Computed through the fold identity: with ``S̃ = Γ⁻¹ S`` this is the generalized
     recurrence with erase ``e = a``, write key ``Γ⁻¹ k`` and query ``Γ q``;
@@ -252,48 +145,22 @@ def gammanet(
     States in and out are always the true ``S``.
     """
     op = "linrnn.ops.gammanet"
-    _check(
-        op,
-        q,
-        k,
-        v,
-        g=g,
-        g_kind="channel",
-        beta=beta,
-        beta_required=True,
-        e=a,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-    )
+    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    _check(op, q, k, v, options, g=g, g_kind="channel", beta=beta, beta_required=True, e=a)
     check_tensor(op, "log_gamma", log_gamma, [q.shape[2], q.shape[3]], "[H, K]")
     check_same(op, {"q": q, "log_gamma": log_gamma}, "device")
     if check_values or backend == "reference":
         check_unit_rows(op, "a", a)
     dtype = compute_dtype(q.dtype)
     gamma = log_gamma.to(dtype).exp()  # [H, K]
-    state = None if initial_state is None else initial_state.to(dtype) / gamma[:, :, None]
-    o, final = _dispatch(
-        op,
-        q.to(dtype) * gamma,
-        k.to(dtype) / gamma,
-        v,
-        a.to(dtype),
-        g,
-        beta,
-        scale,
-        state,
-        output_final_state,
-        cu_seqlens,
-        backend,
-        chunk_size,
-        check_values,
-    )
+    if initial_state is not None:
+        options = replace(options, initial_state=initial_state.to(dtype) / gamma[:, :, None])
+    o, final = _dispatch(op, q.to(dtype) * gamma, k.to(dtype) / gamma, v, a.to(dtype), g, beta, options)
     return o, None if final is None else final * gamma[:, :, None]
 
 
-def _check(
-    op, q, k, v, *, g=None, g_kind=None, beta=None, beta_required=False, e=None, initial_state=None, cu_seqlens=None
-):
+def _check(op, q, k, v, options, *, g=None, g_kind=None, beta=None, beta_required=False, e=None):
+    check_options(op, options.backend, options.chunk_size)
     check_tensor(op, "q", q, ["B", "T", "H", "K"], "[B, T, H, K]")
     batch, steps, heads, key_dim = q.shape
     if steps < 1:
@@ -314,46 +181,29 @@ def _check(
         fail(op, "argument 'beta' is required, got None")
     if beta is not None:
         check_tensor(op, "beta", beta, [batch, steps, heads], "[B, T, H]")
+    initial_state, cu_seqlens = options.initial_state, options.cu_seqlens
     check_same(op, {"q": q, "k": k, "v": v, erase_name: e}, "dtype")
-    check_same(
-        op, {"q": q, "k": k, "v": v, erase_name: e, "g": g, "beta": beta, "initial_state": initial_state}, "device"
-    )
+    tensors = {"q": q, "k": k, "v": v, erase_name: e, "g": g, "beta": beta, "initial_state": initial_state}
+    check_same(op, tensors, "device")
     sequences = batch if cu_seqlens is None else check_cu_seqlens(op, cu_seqlens, batch, steps)
     if initial_state is not None:
-        check_tensor(
-            op,
-            "initial_state",
-            initial_state,
-            [sequences, heads, key_dim, v.shape[-1]],
-            "[N, H, K, V] (N = B, or the number of sequences in cu_seqlens)",
-        )
+        expected = [sequences, heads, key_dim, v.shape[-1]]
+        check_tensor(op, "initial_state", initial_state, expected, "[N, H, K, V] (N = B, or sequences in cu_seqlens)")
 
 
-def _dispatch(
-    op,
-    q,
-    w,
-    v,
-    e,
-    g,
-    beta,
-    scale,
-    initial_state,
-    output_final_state,
-    cu_seqlens,
-    backend,
-    chunk_size,
-    want_value_checks,
-):
-    check_options(op, backend, chunk_size)
-    if backend == "triton":
+def _dispatch(op, q, w, v, e, g, beta, options):
+    if options.backend == "triton":
         fail(op, "backend 'triton' is not available in this version of linrnn; use 'auto', 'torch' or 'reference'")
-    if want_value_checks or backend == "reference":
-        check_values(op, g, beta)
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    args = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
-    if backend == "reference":
+    if options.check_values or options.backend == "reference":
+        check_gate_values(op, g, beta)
+    args = dict(
+        scale=q.shape[-1] ** -0.5 if options.scale is None else options.scale,
+        initial_state=options.initial_state,
+        output_final_state=options.output_final_state,
+        cu_seqlens=options.cu_seqlens,
+    )
+    if options.backend == "reference":
         return recurrence_reference(q, w, v, e, g, beta, **args)
     decay_kind = "none" if g is None else ("head" if g.dim() == 3 else "channel")
-    return recurrence_chunked(q, w, v, e, g, beta, chunk_size=chunk_size or DEFAULT_CHUNK[decay_kind], **args)
+    chunk_size = options.chunk_size or DEFAULT_CHUNK[decay_kind]
+    return recurrence_chunked(q, w, v, e, g, beta, chunk_size=chunk_size, **args)

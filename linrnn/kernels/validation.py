@@ -57,7 +57,7 @@ def check_cu_seqlens(op: str, cu_seqlens: Tensor, batch: int, steps: int) -> int
     return len(bounds) - 1
 
 
-def check_values(op: str, g: Tensor | None, beta: Tensor | None, max_beta: float = 2.0) -> None:
+def check_gate_values(op: str, g: Tensor | None, beta: Tensor | None, max_beta: float = 2.0) -> None:
     """Content checks: finite gates, log-decay ≤ 0, beta in [0, max_beta]."""
     if g is not None:
         if not torch.isfinite(g).all():
@@ -96,6 +96,6 @@ __all__ = [
     "check_same",
     "check_tensor",
     "check_unit_rows",
-    "check_values",
+    "check_gate_values",
     "fail",
 ]
