@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -68,16 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", required=True)
 
     demo_parser = commands.add_parser("demo", help="train each cell's tiny model briefly on a sonnet, then sample")
-    demo_parser.add_argument("--cells", nargs="+", type=cell_name, default=linrnn.list_cells(),
-                             help="cells to run (names or aliases; default: all)")
+    demo_parser.add_argument(
+        "--cells",
+        nargs="+",
+        type=cell_name,
+        default=linrnn.list_cells(),
+        help="cells to run (names or aliases; default: all)",
+    )
     demo_parser.add_argument("--steps", type=positive_int, default=30, help="AdamW steps per cell (default 30)")
     demo_parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo_parser.set_defaults(command=demo)
 
     commands.add_parser("cells", help="list the recurrence cells").set_defaults(command=cells)
     presets_parser = commands.add_parser("presets", help="list the model presets with parameter counts")
-    presets_parser.add_argument("--cell", type=cell_name, default="gated_deltanet",
-                                help="cell whose parameters are counted (default gated_deltanet)")
+    presets_parser.add_argument(
+        "--cell",
+        type=cell_name,
+        default="gated_deltanet",
+        help="cell whose parameters are counted (default gated_deltanet)",
+    )
     presets_parser.set_defaults(command=presets)
     return parser
 
@@ -97,6 +107,7 @@ def positive_int(text: str) -> int:
 
 
 def demo(args: argparse.Namespace) -> int:
+    torch.set_num_threads(1)  # tiny matrices: more intra-op threads cost more in synchronisation than they save
     console = Console()
     data = torch.tensor(list(TEXT.encode("utf-8")))
     with Progress(console=console, transient=True) as progress:
@@ -128,7 +139,7 @@ def run_cell(cell: str, data: torch.Tensor, steps: int, seed: int, progress: Pro
     )
 
 
-def train(model: LanguageModel, data: torch.Tensor, steps: int, report) -> list[float]:
+def train(model: LanguageModel, data: torch.Tensor, steps: int, report: Callable[[float], None]) -> list[float]:
     """Next-byte prediction on random windows; ``report(loss)`` after each AdamW step."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     losses = []
@@ -168,12 +179,16 @@ def results_table(results: list[DemoResult]) -> Table:
 
 
 def samples_table(results: list[DemoResult]) -> Table:
-    table = Table(title=f"greedy {SAMPLE_BYTES}-byte samples after {PROMPT!r} (⏎ = newline)")
+    table = Table(title=f"greedy samples after {PROMPT!r} (⏎ newline, · control byte)")
     table.add_column("cell")
     table.add_column("sample", no_wrap=True)
     for r in results:
-        table.add_row(r.cell, Text(r.sample.replace("\n", "⏎")))
+        table.add_row(r.cell, Text("".join(printable(char) for char in r.sample)))
     return table
+
+
+def printable(char: str) -> str:
+    return "⏎" if char == "\n" else char if char.isprintable() else "·"
 
 
 def cells(args: argparse.Namespace) -> int:

@@ -19,6 +19,11 @@ with ``A_xy[r, i] = (x_r ⊙ Γ_r/Γ_i)·y_i``::
     O   = (Q ⊙ Γ) S_0 + A_qe U + A_qw Diag(β) V                             (i ≤ r)
     S_C = Diag(Γ_C) S_0 + (E ⊙ Γ_C/Γ)ᵀ U + (W ⊙ Γ_C/Γ)ᵀ Diag(β) V
 
+With a tied erase (e = w = k) the write folds into the erased content: ``U' = U + Diag(β) V``
+solves ``(I + Diag(β) A_kk) U' = Diag(β) (V − (K ⊙ Γ) S_0)`` and then
+``O = (Q ⊙ Γ) S_0 + A_qk U'``, ``S_C = Diag(Γ_C) S_0 + (K ⊙ Γ_C/Γ)ᵀ U'`` (the WY/UT form of
+DeltaNet/GDN/KDA), three fewer matmuls per chunk.
+
 U is affine in S_0: ``U = U_v − W_s S_0`` with ``U_v``, ``W_s`` solved for all
 chunks at once, so the only sequential part is the chunk-to-chunk state pass,
 two small matmuls per chunk. Outputs are then computed for all chunks at once.
@@ -157,18 +162,17 @@ def _chunk_recurrence(q, w, v, e, g, beta, state, tied):
     strength = torch.ones_like(v[..., 0]) if beta is None else beta  # [N, H, n, C]
     weighted_v = strength[..., None] * v  # Diag(β) V
     attn_qw = pairwise(q, w)
-    out_intra = attn_qw @ weighted_v
-    write_to_end = scaled(w, decay_to_end).transpose(-1, -2) @ weighted_v  # [N, H, n, K, V]
+    # Tied erase (e = w) folds the write into the erased content (U' = U + Diag(β) V, the WY/UT form);
+    # otherwise the write enters the state and the output through its own terms.
+    out_intra = None if tied else attn_qw @ weighted_v
+    write_to_end = None if tied else scaled(w, decay_to_end).transpose(-1, -2) @ weighted_v  # [N, H, n, K, V]
 
     if e is not None:
         attn_ee = pairwise(e, e) * strictly_causal
-        attn_ew = attn_ee if tied else pairwise(e, w) * strictly_causal
         attn_qe = attn_qw if tied else pairwise(q, e)
+        from_values = weighted_v if tied else -strength[..., None] * ((pairwise(e, w) * strictly_causal) @ weighted_v)
         system = torch.eye(chunk, dtype=q.dtype, device=q.device) + strength[..., None] * attn_ee
-        rhs = torch.cat(
-            [-strength[..., None] * (attn_ew @ weighted_v), strength[..., None] * scaled(e, decay_from_start)],
-            dim=-1,
-        )
+        rhs = torch.cat([from_values, strength[..., None] * scaled(e, decay_from_start)], dim=-1)
         solution = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
         erased_from_values, erased_per_state = solution.split([value_dim, key_dim], dim=-1)
         erase_to_end = scaled(e, decay_to_end).transpose(-1, -2)  # [N, H, n, K, C]
@@ -176,9 +180,11 @@ def _chunk_recurrence(q, w, v, e, g, beta, state, tied):
     if state is None:
         state = q.new_zeros(batch, heads, key_dim, value_dim)
 
-    # Unbind once: indexing x[:, :, c] in the loop would make each backward step fill a full-size zero grad.
-    decays = [None] * num_chunks if decay_chunk is None else decay_chunk.unbind(2)
-    writes = write_to_end.unbind(2)
+    def per_chunk(x: Tensor | None) -> list:
+        # Unbind once: indexing x[:, :, c] in the loop would make each backward step fill a full-size zero grad.
+        return [None] * num_chunks if x is None else x.unbind(2)
+
+    decays, writes = per_chunk(decay_chunk), per_chunk(write_to_end)
     if e is not None:
         from_values, per_state, to_end = (x.unbind(2) for x in (erased_from_values, erased_per_state, erase_to_end))
     start_states, erased = [], []
@@ -186,12 +192,14 @@ def _chunk_recurrence(q, w, v, e, g, beta, state, tied):
         start_states.append(state)
         new_state = state if decays[c] is None else decays[c][..., None] * state
         if e is not None:
-            erased.append(from_values[c] - per_state[c] @ state)  # U, [N, H, C, V]
+            erased.append(from_values[c] - per_state[c] @ state)  # U (U' when tied), [N, H, C, V]
             new_state = new_state + to_end[c] @ erased[c]
-        state = new_state + writes[c]
+        state = new_state if writes[c] is None else new_state + writes[c]
     start_states = torch.stack(start_states, dim=2)  # [N, H, n, K, V]
 
-    out = scaled(q, decay_from_start) @ start_states + out_intra
+    out = scaled(q, decay_from_start) @ start_states
+    if out_intra is not None:
+        out = out + out_intra
     if e is not None:
         out = out + attn_qe @ torch.stack(erased, dim=2)
     return out, state
