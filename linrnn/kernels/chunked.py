@@ -31,8 +31,9 @@ two small matmuls per chunk. Outputs are then computed for all chunks at once.
 Numerics: the pairwise ratios Γ_r/Γ_i are formed as ``exp(G_r − G_i)`` with
 ``G = cumsum(g)`` and the exponent masked to ``i ≤ r`` *before* ``exp``, so every
 factor lies in [0, 1] and nothing overflows for any gate (log-decay −20 per
-step included). Per-channel decay makes that pairwise tensor ``[C, C, K]`` per
-chunk, which is why per-channel cells default to a smaller chunk. Everything
+step included). Per-channel decay would make that tensor ``[C, C, K]`` per
+chunk; ``_pairwise_products`` keeps it exact only inside sub-blocks and factors
+the rest through a reference point between the blocks (still no factor > 1). Everything
 is computed in fp32 (fp64 for fp64 inputs); outputs return in ``v``'s dtype.
 
 Sequences shorter than a chunk multiple, and varlen (``cu_seqlens``) batches,
@@ -49,6 +50,8 @@ from einops import rearrange
 from torch import Tensor
 
 from linrnn.kernels.reference import compute_dtype
+
+SUB_CHUNK = 4  # per-channel decay: exact pairwise ratios only inside sub-blocks (4: fastest on CPU)
 
 
 def recurrence_chunked(
@@ -129,32 +132,18 @@ def _chunk_recurrence(q, w, v, e, g, beta, state, tied):
     """
     batch, heads, num_chunks, chunk, key_dim = q.shape
     value_dim = v.shape[-1]
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    strictly_causal = causal.tril(-1)
+    strictly_causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril(-1)
     per_channel = g is not None and g.dim() == 5
 
     if g is None:
-        decay_from_start = decay_to_end = decay_chunk = None
-        pair_decay = causal.to(q.dtype)  # [C, C]
+        log_decay = decay_from_start = decay_to_end = decay_chunk = None
     else:
         log_decay = g.cumsum(dim=3)  # G_r, [N, H, n, C(, K)]
         log_last = log_decay[:, :, :, -1:]
         decay_from_start = _as_channel(log_decay.exp(), per_channel)  # Γ_r
         decay_to_end = _as_channel((log_last - log_decay).exp(), per_channel)  # Γ_C / Γ_r
         decay_chunk = _as_channel(log_last.exp(), per_channel)[:, :, :, 0]  # Γ_C, [N, H, n, K|1]
-        if per_channel:
-            diff = log_decay[:, :, :, :, None, :] - log_decay[:, :, :, None, :, :]  # [.., C, C, K]
-            mask = causal[:, :, None]
-        else:
-            diff = log_decay[..., :, None] - log_decay[..., None, :]  # [.., C, C]
-            mask = causal
-        pair_decay = torch.where(mask, diff, float("-inf")).exp()  # Γ_r/Γ_i, 0 above the diagonal
-
-    def pairwise(x: Tensor, y: Tensor) -> Tensor:
-        """``[.., C, C]`` with entry (r, i) = (x_r ⊙ Γ_r/Γ_i)·y_i for i ≤ r, else 0."""
-        if per_channel:
-            return torch.einsum("...rk,...ik,...rik->...ri", x, y, pair_decay)
-        return (x @ y.transpose(-1, -2)) * pair_decay
+    pairwise = _pairwise_products(log_decay, per_channel, chunk, q.dtype, q.device)
 
     def scaled(x: Tensor, factor: Tensor | None) -> Tensor:
         return x if factor is None else x * factor
@@ -203,6 +192,47 @@ def _chunk_recurrence(q, w, v, e, g, beta, state, tied):
     if e is not None:
         out = out + attn_qe @ torch.stack(erased, dim=2)
     return out, state
+
+
+def _pairwise_products(log_decay, per_channel, chunk, dtype, device):
+    """A function ``(x, y) -> [.., C, C]`` with entry (r, i) = (x_r ⊙ Γ_r/Γ_i)·y_i for i ≤ r, else 0.
+
+    Per-head (or no) decay: one matmul times the masked ``exp(G_r − G_i)``. Per-channel decay splits the
+    chunk into sub-blocks of ``SUB_CHUNK``: a diagonal block keeps the exact ``[c, c, K]`` ratios; an
+    off-diagonal block (rows in sub-block a, columns before it) factors the ratio at ``G_ref``, the
+    log-decay at the end of sub-block a − 1, as ``exp(G_r − G_ref) · exp(G_ref − G_i)``: both exponents
+    are ≤ 0, so neither factor overflows, and the product is a plain matmul.
+    """
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril()
+    if log_decay is None:
+        mask = causal.to(dtype)
+        return lambda x, y: (x @ y.transpose(-1, -2)) * mask
+    if not per_channel:
+        diff = log_decay[..., :, None] - log_decay[..., None, :]  # [.., C, C]
+        ratio = torch.where(causal, diff, float("-inf")).exp()  # masked before exp: every factor in [0, 1]
+        return lambda x, y: (x @ y.transpose(-1, -2)) * ratio
+
+    sub = SUB_CHUNK if chunk % SUB_CHUNK == 0 else chunk
+    blocks = log_decay.unflatten(-2, (chunk // sub, sub))  # [.., m, c, K]
+    local_causal = causal[:sub, :sub, None]
+    diagonal = torch.where(local_causal, blocks[..., :, None, :] - blocks[..., None, :, :], float("-inf")).exp()
+    reference = blocks[..., :-1, -1, :]  # G_ref for row blocks 1..m−1, [.., m − 1, K]
+    left = (blocks[..., 1:, :, :] - reference[..., None, :]).exp()  # [.., m − 1, c, K]
+    block_starts = torch.arange(sub, chunk, sub, device=device)
+    before = torch.arange(chunk, device=device)[None, :] < block_starts[:, None]  # [m − 1, C]
+    right = torch.where(before[..., None], reference[..., None, :] - log_decay[..., None, :, :], float("-inf")).exp()
+    identity = torch.eye(chunk // sub, dtype=dtype, device=device)
+
+    def products(x: Tensor, y: Tensor) -> Tensor:
+        x_blocks, y_blocks = x.unflatten(-2, (chunk // sub, sub)), y.unflatten(-2, (chunk // sub, sub))
+        within = torch.einsum("...ark,...aik,...arik->...ari", x_blocks, y_blocks, diagonal)  # [.., m, c, c]
+        out = torch.einsum("...ari,ab->...arbi", within, identity).flatten(-2)  # block diagonal, [.., m, c, C]
+        if chunk > sub:
+            across = (x_blocks[..., 1:, :, :] * left) @ (y[..., None, :, :] * right).transpose(-1, -2)
+            out = out + F.pad(across, (0, 0, 0, 0, 1, 0))  # row block 0 has nothing before it
+        return out.flatten(-3, -2)
+
+    return products
 
 
 def _as_channel(x: Tensor, per_channel: bool) -> Tensor:

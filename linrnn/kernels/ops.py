@@ -28,8 +28,7 @@ from linrnn.kernels.validation import (
     fail,
 )
 
-# Per-channel decay makes the torch path's pairwise decay [C, C, K] per chunk: smaller chunks.
-DEFAULT_CHUNK = {"none": 32, "head": 32, "channel": 16}  # fastest on CPU at T = 2048, K = V = 64
+DEFAULT_CHUNK = 32  # fastest on CPU for every decay kind at T = 2048, K = V = 64 (benchmarks/RESULTS.md)
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ def recurrence(
         output_final_state: also return the state after the last step (fp32; fp64 for fp64 inputs).
         cu_seqlens: ``[N + 1]`` int boundaries of sequences packed along T (B = 1); states reset per sequence.
         backend: "auto" | "torch" | "reference" ("triton" arrives with the Triton kernels).
-        chunk_size: chunk length of the chunkwise backends (default by decay kind).
+        chunk_size: chunk length of the chunkwise backends (default 32).
         check_values: also check gate values (finite, g ≤ 0, beta in [0, 2]); reads tensor contents,
             so it costs a device sync. Always on with backend="reference".
     """
@@ -204,6 +203,4 @@ def _dispatch(op, q, w, v, e, g, beta, options):
     )
     if options.backend == "reference":
         return recurrence_reference(q, w, v, e, g, beta, **args)
-    decay_kind = "none" if g is None else ("head" if g.dim() == 3 else "channel")
-    chunk_size = options.chunk_size or DEFAULT_CHUNK[decay_kind]
-    return recurrence_chunked(q, w, v, e, g, beta, chunk_size=chunk_size, **args)
+    return recurrence_chunked(q, w, v, e, g, beta, chunk_size=options.chunk_size or DEFAULT_CHUNK, **args)
