@@ -6,6 +6,13 @@ import torch
 from linrnn import ops
 from tests.helpers import assert_close, make_inputs
 
+
+def assert_same_result(actual, expected, rtol):
+    """(output, final state) pairs agree."""
+    assert_close(actual[0], expected[0], rtol, "output")
+    assert_close(actual[1], expected[1], rtol, "final state")
+
+
 BACKENDS = ["reference", "torch"]
 
 
@@ -15,8 +22,7 @@ def test_kda_with_channel_constant_gate_is_gdn(backend):
     o_gdn, s_gdn = ops.gated_delta_rule(**x, output_final_state=True, backend=backend)
     x["g"] = x["g"][..., None].expand(-1, -1, -1, 20)
     o_kda, s_kda = ops.kda(**x, output_final_state=True, backend=backend)
-    assert_close(o_kda, o_gdn, 1e-12, "output")
-    assert_close(s_kda, s_gdn, 1e-12, "final state")
+    assert_same_result((o_kda, s_kda), (o_gdn, s_gdn), 1e-12)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -26,8 +32,7 @@ def test_gdn_with_zero_decay_is_deltanet(backend):
     o_gdn, s_gdn = ops.gated_delta_rule(
         **x, g=torch.zeros(2, 70, 3, dtype=torch.float64), output_final_state=True, backend=backend
     )
-    assert_close(o_gdn, o_delta, 1e-12, "output")
-    assert_close(s_gdn, s_delta, 1e-12, "final state")
+    assert_same_result((o_gdn, s_gdn), (o_delta, s_delta), 1e-12)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -37,8 +42,7 @@ def test_gammanet_with_identity_gamma_and_tied_erase_is_kda(backend):
     o_gn, s_gn = ops.gammanet(
         **x, a=x["k"], log_gamma=torch.zeros(3, 20, dtype=torch.float64), output_final_state=True, backend=backend
     )
-    assert_close(o_gn, o_kda, 1e-12, "output")
-    assert_close(s_gn, s_kda, 1e-12, "final state")
+    assert_same_result((o_gn, s_gn), (o_kda, s_kda), 1e-12)
 
 
 def unfolded_gammanet(q, k, v, a, g, beta, log_gamma, initial_state):
@@ -65,8 +69,7 @@ def test_fold_identity(backend):
     x["log_gamma"] = 1.5 * torch.randn(3, 20, dtype=torch.float64)  # cond(Γ) far from 1
     expected_o, expected_s = unfolded_gammanet(**x)
     o, s = ops.gammanet(**x, output_final_state=True, backend=backend)
-    assert_close(o, expected_o, 1e-10, "output")
-    assert_close(s, expected_s, 1e-10, "final state")
+    assert_same_result((o, s), (expected_o, expected_s), 1e-10)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -74,11 +77,11 @@ def test_per_cell_ops_are_cases_of_recurrence(backend):
     x = make_inputs("kda", B=1, T=50, H=2, K=16, V=8, initial_state=True, seed=5)
     expected = ops.kda(**x, output_final_state=True, backend=backend)
     actual = ops.recurrence(**x, e=x["k"].clone(), output_final_state=True, backend=backend)
-    assert_close(actual[0], expected[0], 1e-12, "output")
+    assert_same_result(actual, expected, 1e-12)
     gla = make_inputs("gla", B=1, T=50, H=2, K=16, V=8, seed=6)
     expected = ops.gla(**gla, output_final_state=True, backend=backend)
     actual = ops.recurrence(**gla, erase=False, output_final_state=True, backend=backend)
-    assert_close(actual[1], expected[1], 1e-12, "final state")
+    assert_same_result(actual, expected, 1e-12)
 
 
 def test_split_sequence_with_carried_state_equals_whole():
@@ -89,5 +92,4 @@ def test_split_sequence_with_carried_state_equals_whole():
     rest = {n: t[:, 37:] if t.dim() >= 3 and n != "initial_state" else t for n, t in x.items()}
     o1, s1 = ops.gammanet(**first, output_final_state=True)
     o2, s2 = ops.gammanet(**{**rest, "initial_state": s1}, output_final_state=True)
-    assert_close(torch.cat([o1, o2], dim=1), whole_o, 1e-12, "output")
-    assert_close(s2, whole_s, 1e-12, "final state")
+    assert_same_result((torch.cat([o1, o2], dim=1), s2), (whole_o, whole_s), 1e-12)
