@@ -51,6 +51,7 @@ from torch import Tensor
 
 from linrnn.kernels.reference import compute_dtype
 
+DEFAULT_CHUNK = 32  # fastest on CPU for every decay kind at T = 2048, K = V = 64 (benchmarks/RESULTS.md)
 SUB_CHUNK = 4  # per-channel decay: exact pairwise ratios only inside sub-blocks (4: fastest on CPU)
 
 
@@ -66,7 +67,7 @@ def recurrence_chunked(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunkwise evaluation of ``recurrence_reference`` (same arguments, same results).
 
@@ -76,7 +77,7 @@ def recurrence_chunked(
     tied = e is w
     steps = q.shape[1]
     longest = steps if cu_seqlens is None else int(cu_seqlens.diff().max())
-    chunk_size = max(1, min(chunk_size, longest))  # a short input (one decode step) needs no padded chunk
+    chunk_size = max(1, min(chunk_size or DEFAULT_CHUNK, longest))  # one decode step needs no padded chunk
     packer = _Packer(cu_seqlens, steps=steps, chunk_size=chunk_size)
 
     def pack(x: Tensor | None) -> Tensor | None:
@@ -159,9 +160,9 @@ def _chunk_recurrence(q, w, v, e, g, beta, state, tied):
     if e is not None:
         attn_ee = pairwise(e, e) * strictly_causal
         attn_qe = attn_qw if tied else pairwise(q, e)
-        from_values = weighted_v if tied else -strength[..., None] * ((pairwise(e, w) * strictly_causal) @ weighted_v)
+        rhs_values = weighted_v if tied else -strength[..., None] * ((pairwise(e, w) * strictly_causal) @ weighted_v)
         system = torch.eye(chunk, dtype=q.dtype, device=q.device) + strength[..., None] * attn_ee
-        rhs = torch.cat([from_values, strength[..., None] * scaled(e, decay_from_start)], dim=-1)
+        rhs = torch.cat([rhs_values, strength[..., None] * scaled(e, decay_from_start)], dim=-1)
         solution = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
         erased_from_values, erased_per_state = solution.split([value_dim, key_dim], dim=-1)
         erase_to_end = scaled(e, decay_to_end).transpose(-1, -2)  # [N, H, n, K, C]

@@ -28,8 +28,6 @@ from linrnn.kernels.validation import (
     fail,
 )
 
-DEFAULT_CHUNK = 32  # fastest on CPU for every decay kind at T = 2048, K = V = 64 (benchmarks/RESULTS.md)
-
 
 @dataclass(frozen=True)
 class _Options:
@@ -203,4 +201,4 @@ def _dispatch(op, q, w, v, e, g, beta, options):
     )
     if options.backend == "reference":
         return recurrence_reference(q, w, v, e, g, beta, **args)
-    return recurrence_chunked(q, w, v, e, g, beta, chunk_size=options.chunk_size or DEFAULT_CHUNK, **args)
+    return recurrence_chunked(q, w, v, e, g, beta, chunk_size=options.chunk_size, **args)
