@@ -5,15 +5,21 @@ inputs are used as given (no normalisation inside). Every op returns
 ``(o, final_state)`` with ``final_state`` None unless ``output_final_state``.
 
 Backends: ``"reference"`` (sequential loop, value checks always on),
-``"torch"`` (chunkwise, ``chunked.py``), ``"auto"`` (the fastest available:
-the torch chunked path in this version), ``"triton"`` (not in this version).
+``"torch"`` (chunkwise, ``chunked.py``), ``"triton"`` (in this version the fused
+recurrent forward kernel only: inference and decoding, no autograd), ``"auto"``
+(Triton on CUDA when no gradient is needed, at any length: it beat the torch
+path from 1 to 2048 tokens, benchmarks/RESULTS.md; torch otherwise).
 The final state is fp32 (fp64 for fp64 inputs); ``o`` has ``v``'s dtype.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from linrnn.kernels.chunked import recurrence_chunked
@@ -27,6 +33,8 @@ from linrnn.kernels.validation import (
     check_unit_rows,
     fail,
 )
+
+MAX_TRITON_DIM = 256  # K, V limit of the Triton kernels (the state tile lives in registers)
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,7 @@ def recurrence(
         initial_state: ``[N, H, K, V]``, N = B, or the number of sequences with ``cu_seqlens``.
         output_final_state: also return the state after the last step (fp32; fp64 for fp64 inputs).
         cu_seqlens: ``[N + 1]`` int boundaries of sequences packed along T (B = 1); states reset per sequence.
-        backend: "auto" | "torch" | "reference" ("triton" arrives with the Triton kernels).
+        backend: "auto" | "torch" | "reference" | "triton" (forward only in this version, see the module docstring).
         chunk_size: chunk length of the chunkwise backends (default 32).
         check_values: also check gate values (finite, g ≤ 0, beta in [0, 2]); reads tensor contents,
             so it costs a device sync. Always on with backend="reference".
@@ -148,12 +156,7 @@ def gammanet(q, k, v, a, g, beta, log_gamma, *, scale=None, initial_state=None, 
     check_same(op, {"q": q, "log_gamma": log_gamma}, "device")
     if check_values or backend == "reference":
         check_unit_rows(op, "a", a)
-    dtype = compute_dtype(q.dtype)
-    gamma = log_gamma.to(dtype).exp()  # [H, K]
-    if initial_state is not None:
-        options = replace(options, initial_state=initial_state.to(dtype) / gamma[:, :, None])
-    o, final = _dispatch(op, q.to(dtype) * gamma, k.to(dtype) / gamma, v, a.to(dtype), g, beta, options)
-    return o, None if final is None else final * gamma[:, :, None]
+    return _dispatch(op, q, k, v, a, g, beta, options, log_gamma=log_gamma)
 
 
 def _check(op, q, k, v, options, *, g=None, g_kind=None, beta=None, beta_required=False, e=None):
@@ -188,9 +191,9 @@ def _check(op, q, k, v, options, *, g=None, g_kind=None, beta=None, beta_require
         check_tensor(op, "initial_state", initial_state, expected, "[N, H, K, V] (N = B, or sequences in cu_seqlens)")
 
 
-def _dispatch(op, q, w, v, e, g, beta, options):
-    if options.backend == "triton":
-        fail(op, "backend 'triton' is not available in this version of linrnn; use 'auto', 'torch' or 'reference'")
+def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
+    """Picks the implementation and runs it; ``log_gamma`` (GammaNet) is folded here for the torch
+    backends and inside the kernel for Triton."""
     if options.check_values or options.backend == "reference":
         check_gate_values(op, g, beta)
     args = dict(
@@ -199,6 +202,50 @@ def _dispatch(op, q, w, v, e, g, beta, options):
         output_final_state=options.output_final_state,
         cu_seqlens=options.cu_seqlens,
     )
+    tensors = (q, w, v, e, g, beta, options.initial_state, log_gamma)
+    if options.backend == "triton":
+        problem = _triton_problem(tensors)
+        if problem:
+            fail(op, f"backend 'triton' {problem}")
+    if options.backend == "triton" or (options.backend == "auto" and q.is_cuda and not _triton_problem(tensors)):
+        from linrnn.kernels.triton.fused_recurrent import fused_recurrent_fwd
+
+        return fused_recurrent_fwd(q, w, v, e, g, beta, log_gamma=log_gamma, **args)
+
+    if log_gamma is not None:  # the fold identity: run on Γ⁻¹S with query Γq, write key Γ⁻¹k, erase e
+        dtype = compute_dtype(q.dtype)
+        gamma = log_gamma.to(dtype).exp()  # [H, K]
+        q, w, e = q.to(dtype) * gamma, w.to(dtype) / gamma, e.to(dtype)
+        if args["initial_state"] is not None:
+            args["initial_state"] = args["initial_state"].to(dtype) / gamma[:, :, None]
     if options.backend == "reference":
-        return recurrence_reference(q, w, v, e, g, beta, **args)
-    return recurrence_chunked(q, w, v, e, g, beta, chunk_size=options.chunk_size, **args)
+        o, final = recurrence_reference(q, w, v, e, g, beta, **args)
+    else:
+        o, final = recurrence_chunked(q, w, v, e, g, beta, chunk_size=options.chunk_size, **args)
+    if log_gamma is not None and final is not None:
+        final = final * gamma[:, :, None]
+    return o, final
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _triton_problem(tensors) -> str | None:
+    """Why the Triton fused recurrent kernel cannot take these inputs, or None."""
+    q, v = tensors[0], tensors[2]
+    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"needs CUDA tensors (or TRITON_INTERPRET=1 on CPU), got device {q.device}"
+    if not _triton_installed():
+        return "needs the triton package, which is not installed"
+    if q.dtype == torch.float64:
+        return "computes in fp32, got float64 inputs; use backend 'torch' or 'reference' for fp64"
+    if q.shape[-1] > MAX_TRITON_DIM or v.shape[-1] > MAX_TRITON_DIM:
+        return f"supports K and V up to {MAX_TRITON_DIM}, got K = {q.shape[-1]}, V = {v.shape[-1]}"
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
+        return (
+            "has only the forward fused recurrent kernel in this version (no autograd); "
+            "use backend 'torch' for training, or call under torch.no_grad()"
+        )
+    return None

@@ -1,0 +1,1 @@
+"""Triton kernels of the generalized recurrence (imported lazily: ``import linrnn`` never imports Triton)."""

@@ -1,0 +1,129 @@
+"""Fused recurrent Triton kernel for the generalized recurrence: forward only, for decoding.
+
+One program owns one (sequence, head, block of BV value columns) and keeps its
+``[K, BV]`` slice of the state in registers for the whole sequence, so the state
+touches memory only at the start (``initial_state``) and the end (final state)::
+
+    S ← Diag(exp g_t) S;  S ← S − β_t e_t (e_tᵀ S);  S ← S + β_t w_t v_tᵀ;  o_t = Sᵀ (scale · q_t)
+
+which is the update of ``reference.py`` step by step. The decay kind (none, per
+head, per channel), the erase term, the write strength and varlen are
+compile-time flags, so one kernel serves every cell. Arithmetic is fp32 for
+any input dtype; each step reads its q, w, e, v once, so the kernel is
+memory-bound and suited to few tokens per call (decoding), not to training.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = 0, 1, 2
+
+
+@triton.jit
+def _fused_recurrent_fwd_kernel(
+    q, w, v, e, g, beta, log_gamma, initial_state, o, final_state, cu_seqlens,
+    scale, steps,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_GAMMA: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
+):  # fmt: skip
+    block_v, seq_head = tl.program_id(0), tl.program_id(1)
+    n, h = seq_head // H, seq_head % H
+    if IS_VARLEN:
+        start, end = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
+    else:
+        start, end = n.to(tl.int64) * steps, n.to(tl.int64) * steps + steps
+    k_idx = tl.arange(0, BK)
+    v_idx = block_v * BV + tl.arange(0, BV)
+    k_mask, v_mask = k_idx < K, v_idx < V
+    tile_mask = k_mask[:, None] & v_mask[None, :]
+    state_offsets = (n * H + h).to(tl.int64) * K * V + k_idx[:, None] * V + v_idx[None, :]
+
+    if HAS_GAMMA:  # GammaNet's fold, in registers: the loop runs on Γ⁻¹S with query Γq and write key Γ⁻¹k
+        gamma = tl.exp(tl.load(log_gamma + h * K + k_idx, mask=k_mask, other=0).to(tl.float32))
+    state = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_INITIAL_STATE:
+        state += tl.load(initial_state + state_offsets, mask=tile_mask, other=0).to(tl.float32)
+        if HAS_GAMMA:
+            state /= gamma[:, None]
+    for t in range(start, end):
+        row = t * H + h  # token t, head h in the flattened [B * T, H] layout
+        if DECAY == 1:
+            state *= tl.exp(tl.load(g + row).to(tl.float32))
+        if DECAY == 2:
+            state *= tl.exp(tl.load(g + row * K + k_idx, mask=k_mask, other=0).to(tl.float32))[:, None]
+        strength = tl.load(beta + row).to(tl.float32) if HAS_BETA else 1.0
+        if ERASE:
+            e_t = tl.load(e + row * K + k_idx, mask=k_mask, other=0).to(tl.float32)
+            recalled = tl.sum(e_t[:, None] * state, axis=0)  # eᵀS, [BV]
+            state -= strength * e_t[:, None] * recalled[None, :]
+        w_t = tl.load(w + row * K + k_idx, mask=k_mask, other=0).to(tl.float32)
+        if HAS_GAMMA:
+            w_t /= gamma
+        v_t = tl.load(v + row * V + v_idx, mask=v_mask, other=0).to(tl.float32)
+        state += (strength * w_t)[:, None] * v_t[None, :]
+        q_t = tl.load(q + row * K + k_idx, mask=k_mask, other=0).to(tl.float32) * scale
+        if HAS_GAMMA:
+            q_t *= gamma
+        tl.store(o + row * V + v_idx, tl.sum(q_t[:, None] * state, axis=0).to(o.dtype.element_ty), mask=v_mask)
+    if STORE_FINAL_STATE:
+        if HAS_GAMMA:
+            state *= gamma[:, None]
+        tl.store(final_state + state_offsets, state, mask=tile_mask)
+
+
+def new_output(shape, dtype, device) -> Tensor:
+    """Uninitialised output buffer (tests replace this to poison outputs with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def fused_recurrent_fwd(
+    q: Tensor,
+    w: Tensor,
+    v: Tensor,
+    e: Tensor | None = None,
+    g: Tensor | None = None,
+    beta: Tensor | None = None,
+    *,
+    log_gamma: Tensor | None = None,
+    scale: float,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Same arguments and results as ``recurrence_reference`` (forward only, no autograd).
+
+    ``log_gamma`` ``[H, K]`` runs GammaNet: the erase ``e`` and the true state in and out, with Γ
+    folded inside the kernel (see ``ops.gammanet``). Inputs must be validated already (``ops`` does);
+    K and V up to 256. Outputs: o in ``v``'s dtype, final state fp32. ``block_v`` (value columns per
+    program) and ``num_warps`` override the launch shape (benchmarks/tune_fused_recurrent.py).
+    """
+    batch, steps, heads, key_dim = q.shape
+    value_dim = v.shape[-1]
+    sequences = batch if cu_seqlens is None else cu_seqlens.numel() - 1
+    q, w, v = (x.contiguous() for x in (q, w, v))
+    e = None if e is None else e.contiguous()
+    o = new_output((batch, steps, heads, value_dim), v.dtype, v.device)
+    final = new_output((sequences, heads, key_dim, value_dim), torch.float32, v.device) if output_final_state else None
+    decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
+    block_k = triton.next_power_of_2(key_dim)
+    block_v = block_v or min(16, triton.next_power_of_2(value_dim))  # 16 x 1 warp: fastest on H200 (RESULTS.md)
+    grid = (triton.cdiv(value_dim, block_v), sequences * heads)
+    _fused_recurrent_fwd_kernel[grid](
+        q, w, v, e, None if g is None else g.contiguous(), None if beta is None else beta.contiguous(),
+        None if log_gamma is None else log_gamma.contiguous(),
+        None if initial_state is None else initial_state.contiguous(), o, final, cu_seqlens,
+        scale, steps,
+        H=heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v,
+        DECAY=decay, ERASE=e is not None, HAS_BETA=beta is not None, HAS_GAMMA=log_gamma is not None,
+        USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=output_final_state,
+        IS_VARLEN=cu_seqlens is not None,
+        num_warps=num_warps or 1,
+    )  # fmt: skip
+    return o, final

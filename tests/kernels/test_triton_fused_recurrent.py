@@ -1,0 +1,76 @@
+"""The Triton fused recurrent (decode) kernel against the fp64 reference.
+
+Compiled on CUDA; on a CPU-only machine it runs under ``TRITON_INTERPRET=1`` (set before the kernel is imported).
+"""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: set it first
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from linrnn import ops  # noqa: E402
+from linrnn.kernels.triton import fused_recurrent  # noqa: E402
+from tests.helpers import CELLS, OPS, assert_close, make_inputs  # noqa: E402
+
+
+def run(cell, inputs, **op_args):
+    with torch.no_grad():
+        return OPS[cell](**{n: x.to(DEVICE) for n, x in inputs.items()}, output_final_state=True, **op_args)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every output buffer starts as NaN, so an element the kernel does not write fails the comparison."""
+    monkeypatch.setattr(
+        fused_recurrent,
+        "new_output",
+        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device),
+    )
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "initial_state"])
+@pytest.mark.parametrize("T, K, V", [(1, 16, 16), (7, 20, 12), (33, 64, 40)])
+@pytest.mark.parametrize("cell", CELLS)
+def test_matches_reference(cell, T, K, V, with_state):
+    inputs = make_inputs(cell, B=2, T=T, H=3, K=K, V=V, initial_state=with_state, dtype=torch.float32, seed=T * K)
+    inputs = {n: x.float() for n, x in inputs.items()}
+    expected = OPS[cell](**{n: x.double() for n, x in inputs.items()}, output_final_state=True, backend="reference")
+    o, final = run(cell, inputs, backend="triton")
+    assert o.dtype == torch.float32 and final.dtype == torch.float32
+    assert_close(o.cpu(), expected[0], 1e-5, "output")
+    assert_close(final.cpu(), expected[1], 1e-5, "final state")
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])
+def test_varlen_and_bf16(cell):
+    lengths = [3, 1, 9]
+    inputs = make_inputs(cell, B=1, T=sum(lengths), H=2, K=32, V=24, initial_state=True, num_states=3,
+                         dtype=torch.bfloat16, seed=5)  # fmt: skip
+    inputs = {n: x if x.dtype == torch.bfloat16 else x.float() for n, x in inputs.items()}
+    cu_seqlens = torch.tensor([0, 3, 4, 13])
+    expected = OPS[cell](**{n: x.double() for n, x in inputs.items()}, output_final_state=True, backend="reference",
+                         cu_seqlens=cu_seqlens)  # fmt: skip
+    o, final = run(cell, inputs, backend="triton", cu_seqlens=cu_seqlens.to(DEVICE))
+    assert o.dtype == torch.bfloat16
+    assert_close(o.cpu(), expected[0], 1e-2, "output")
+    assert_close(final.cpu(), expected[1], 1e-2, "final state")
+
+
+def test_triton_backend_errors():
+    inputs = {n: x.float().to(DEVICE) for n, x in make_inputs("kda", B=1, T=4, H=1, K=8, V=8).items()}
+    with pytest.raises(ValueError, match="backend 'triton' has only the forward fused recurrent kernel"):
+        ops.kda(**{**inputs, "q": inputs["q"].requires_grad_()}, backend="triton")
+    with pytest.raises(ValueError, match="backend 'triton' computes in fp32, got float64 inputs"):
+        ops.kda(**{n: x.double() for n, x in inputs.items()}, backend="triton")
+    wide = make_inputs("deltanet", B=1, T=2, H=1, K=300, V=8, dtype=torch.float32)
+    with pytest.raises(ValueError, match="backend 'triton' supports K and V up to 256, got K = 300, V = 8"):
+        ops.delta_rule(**{n: x.float().to(DEVICE) for n, x in wide.items()}, backend="triton")
