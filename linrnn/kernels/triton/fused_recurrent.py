@@ -1,4 +1,4 @@
-"""Fused recurrent Triton kernel for the generalized recurrence: forward only, for decoding.
+"""Fused recurrent Triton kernel for the generalized recurrence: forward only (inference and decoding).
 
 One program owns one (sequence, head, block of BV value columns) and keeps its
 ``[K, BV]`` slice of the state in registers for the whole sequence, so the state
@@ -9,8 +9,8 @@ touches memory only at the start (``initial_state``) and the end (final state)::
 which is the update of ``reference.py`` step by step. The decay kind (none, per
 head, per channel), the erase term, the write strength and varlen are
 compile-time flags, so one kernel serves every cell. Arithmetic is fp32 for
-any input dtype; each step reads its q, w, e, v once, so the kernel is
-memory-bound and suited to few tokens per call (decoding), not to training.
+any input dtype; each step reads its q, w, e, v once. It has no backward:
+training goes through the chunkwise path.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _fused_recurrent_fwd_kernel(
     DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_GAMMA: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
-    block_v, seq_head = tl.program_id(0), tl.program_id(1)
+    seq_head, block_v = tl.program_id(0), tl.program_id(1)  # sequences x heads on axis 0: it allows 2^31 - 1
     n, h = seq_head // H, seq_head % H
     if IS_VARLEN:
         start, end = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
@@ -114,7 +114,7 @@ def fused_recurrent_fwd(
     decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
     block_k = triton.next_power_of_2(key_dim)
     block_v = block_v or min(16, triton.next_power_of_2(value_dim))  # 16 x 1 warp: fastest on H200 (RESULTS.md)
-    grid = (triton.cdiv(value_dim, block_v), sequences * heads)
+    grid = (sequences * heads, triton.cdiv(value_dim, block_v))
     _fused_recurrent_fwd_kernel[grid](
         q, w, v, e, None if g is None else g.contiguous(), None if beta is None else beta.contiguous(),
         None if log_gamma is None else log_gamma.contiguous(),
