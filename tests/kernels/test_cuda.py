@@ -50,3 +50,14 @@ def test_model_decode_on_cuda(cell, monkeypatch):
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
     generated = linrnn.generate(model, ids[:, :5], 8, temperature=0)
     assert generated.shape == (2, 13)
+
+
+def test_fused_recurrent_more_programs_than_grid_axis_1_allows():
+    """70,000 sequences x 1 head: more than the 65,535 programs CUDA allows on grid axes 1 and 2."""
+    inputs = make_inputs("gated_deltanet", B=70_000, T=2, H=1, K=16, V=16, initial_state=True, dtype=torch.float32)
+    inputs = {n: x.float().cuda() for n, x in inputs.items()}
+    with torch.no_grad():
+        expected = linrnn.ops.gated_delta_rule(**inputs, output_final_state=True, backend="torch")
+        actual = linrnn.ops.gated_delta_rule(**inputs, output_final_state=True, backend="triton")
+    torch.testing.assert_close(actual[0], expected[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(actual[1], expected[1], rtol=1e-5, atol=1e-5)
