@@ -202,12 +202,13 @@ def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
         output_final_state=options.output_final_state,
         cu_seqlens=options.cu_seqlens,
     )
-    tensors = (q, w, v, e, g, beta, options.initial_state, log_gamma)
-    if options.backend == "triton":
-        problem = _triton_problem(tensors)
-        if problem:
+    use_triton = options.backend == "triton" or (options.backend == "auto" and q.is_cuda)
+    if use_triton:
+        problem = _triton_problem((q, w, v, e, g, beta, options.initial_state, log_gamma))
+        if problem and options.backend == "triton":
             fail(op, f"backend 'triton' {problem}")
-    if options.backend == "triton" or (options.backend == "auto" and q.is_cuda and not _triton_problem(tensors)):
+        use_triton = problem is None  # "auto" falls back to the torch path
+    if use_triton:
         from linrnn.kernels.triton.fused_recurrent import fused_recurrent_fwd
 
         return fused_recurrent_fwd(q, w, v, e, g, beta, log_gamma=log_gamma, **args)
