@@ -151,7 +151,7 @@ def gammanet(q, k, v, a, g, beta, log_gamma, *, scale=None, initial_state=None, 
     """
     op = "linrnn.ops.gammanet"
     options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
-    _check(op, q, k, v, options, g=g, g_kind="channel", beta=beta, beta_required=True, e=a)
+    _check(op, q, k, v, options, g=g, g_kind="channel", beta=beta, beta_required=True, e=a, e_name="a")
     check_tensor(op, "log_gamma", log_gamma, [q.shape[2], q.shape[3]], "[H, K]")
     check_same(op, {"q": q, "log_gamma": log_gamma}, "device")
     if check_values or backend == "reference":
@@ -159,7 +159,7 @@ def gammanet(q, k, v, a, g, beta, log_gamma, *, scale=None, initial_state=None, 
     return _dispatch(op, q, k, v, a, g, beta, options, log_gamma=log_gamma)
 
 
-def _check(op, q, k, v, options, *, g=None, g_kind=None, beta=None, beta_required=False, e=None):
+def _check(op, q, k, v, options, *, g=None, g_kind=None, beta=None, beta_required=False, e=None, e_name="e"):
     check_options(op, options.backend, options.chunk_size)
     check_tensor(op, "q", q, ["B", "T", "H", "K"], "[B, T, H, K]")
     batch, steps, heads, key_dim = q.shape
@@ -167,9 +167,8 @@ def _check(op, q, k, v, options, *, g=None, g_kind=None, beta=None, beta_require
         fail(op, f"argument 'q' must have at least one time step (T >= 1), got shape {list(q.shape)}")
     check_tensor(op, "k", k, [batch, steps, heads, key_dim], "[B, T, H, K]")
     check_tensor(op, "v", v, [batch, steps, heads, "V"], "[B, T, H, V]")
-    erase_name = "a" if op.endswith("gammanet") else "e"
     if e is not None:
-        check_tensor(op, erase_name, e, [batch, steps, heads, key_dim], "[B, T, H, K]")
+        check_tensor(op, e_name, e, [batch, steps, heads, key_dim], "[B, T, H, K]")
     if g_kind in ("head", "channel") and g is None:
         fail(op, "argument 'g' (log-decay) is required, got None")
     if g is not None:
@@ -182,8 +181,8 @@ def _check(op, q, k, v, options, *, g=None, g_kind=None, beta=None, beta_require
     if beta is not None:
         check_tensor(op, "beta", beta, [batch, steps, heads], "[B, T, H]")
     initial_state, cu_seqlens = options.initial_state, options.cu_seqlens
-    check_same(op, {"q": q, "k": k, "v": v, erase_name: e}, "dtype")
-    tensors = {"q": q, "k": k, "v": v, erase_name: e, "g": g, "beta": beta, "initial_state": initial_state}
+    check_same(op, {"q": q, "k": k, "v": v, e_name: e}, "dtype")
+    tensors = {"q": q, "k": k, "v": v, e_name: e, "g": g, "beta": beta, "initial_state": initial_state}
     check_same(op, tensors, "device")
     sequences = batch if cu_seqlens is None else check_cu_seqlens(op, cu_seqlens, batch, steps)
     if initial_state is not None:

@@ -5,6 +5,7 @@ import torch
 
 import linrnn
 from linrnn.recurrences import ROLES
+from tests.helpers import OPS
 
 CELLS = ["deltanet", "gammanet", "gated_deltanet", "gla", "kda"]
 
@@ -70,13 +71,7 @@ def test_mixer_option_errors():
         linrnn.build_mixer("kda", 48, 0)
 
 
-OP_NAMES = {
-    "gla": "gla",
-    "deltanet": "delta_rule",
-    "gated_deltanet": "gated_delta_rule",
-    "kda": "kda",
-    "gammanet": "gammanet",
-}
+OP_NAMES = {cell: op.__name__ for cell, op in OPS.items()}  # names inside linrnn.ops, for monkeypatch
 
 
 @pytest.mark.parametrize("cell", CELLS)
