@@ -1,0 +1,387 @@
+"""Triton kernels of the chunkwise forward pass (chunk ``BT = 64``, sub-blocks ``BC = 16``).
+
+The math is ``linrnn/kernels/chunked.py``'s, in the WY/UT form of a tied erase
+(``e = w = k``) or without erase (GLA). Per chunk, with ``Γ_r = exp(G_r)`` the
+decay from the chunk start and ``A_xy[r, i] = (x_r ⊙ Γ_r/Γ_i)·y_i``::
+
+    T   = (I + Diag(β) A_kk)⁻¹                    A_kk strictly lower
+    W_s = T Diag(β) (K ⊙ Γ),   U_v = T Diag(β) V   (no erase: W_s = 0, U_v = Diag(β) V)
+    U   = U_v − W_s S                             S: state at the chunk start
+    O   = (scale Q ⊙ Γ) S + A_qk U                 A_qk lower with the diagonal, scale inside
+    S  ← Diag(Γ_C) S + (K ⊙ Γ_C/Γ)ᵀ U
+
+Kernels, in launch order: ``cumsum`` (G, fp32), ``intra`` (A_kk, A_qk), ``solve`` (T),
+``wu`` (W_s, U_v), ``state`` (sequential over chunks: S per chunk and U), ``output``.
+
+Decay ratios never overflow: per-head decay masks the exponent ``G_r − G_i`` to
+``i ≤ r`` before ``exp``. Per-channel decay computes each 16 × 16 block of A on its
+own: a diagonal block column by column with exact ratios, an off-diagonal block
+as one matmul factored through ``G_ref``, the last step before the row block
+(``exp(G_r − G_ref) · exp(G_ref − G_i)``, both ≤ 1). So any log-decay ≤ 0 is
+exact, with no gate clamp. Padded steps past a sequence's end load as zeros and
+their exponents are masked, so they never produce inf or NaN in valid rows.
+
+Every program starts from ``chunk_index[i] = (sequence, chunk in sequence)``; a
+batch of equal lengths is the varlen case with ``cu_seqlens = [0, T, 2T, ...]``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = 0, 1, 2
+
+
+@triton.jit
+def _chunk_bounds(cu_seqlens, chunk_index, i, BT: tl.constexpr):
+    """Start token of the sequence, its length, this chunk's index in it and its number of valid steps."""
+    n, c = tl.load(chunk_index + 2 * i), tl.load(chunk_index + 2 * i + 1)
+    bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
+    return bos, eos - bos, c, tl.minimum(BT, eos - bos - c * BT)
+
+
+@triton.jit
+def chunk_cumsum_kernel(
+    x, out, extra, cu_seqlens, chunk_index,
+    H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DE: tl.constexpr, BDE: tl.constexpr, BT: tl.constexpr,
+    REVERSE: tl.constexpr, HAS_EXTRA: tl.constexpr,
+):  # fmt: skip
+    """Cumulative sum inside each chunk of ``x`` ``[TT, H, D]`` (D = 1: per head), in fp32.
+
+    ``REVERSE`` sums from the chunk end (the gradient of a cumsum). ``extra`` ``[NT, H, DE]`` is added to
+    the chunk's last valid step first (summed over DE when D = 1)."""
+    i, h = tl.program_id(0), tl.program_id(1)
+    bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
+    x_block = tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, 0), (BT, BD), (1, 0))
+    values = tl.load(x_block, boundary_check=(0, 1)).to(tl.float32)
+    if HAS_EXTRA:
+        e_idx = tl.arange(0, BDE)
+        added = tl.load(extra + (i * H + h).to(tl.int64) * DE + e_idx, mask=e_idx < DE, other=0)
+        if D == 1:
+            added = tl.sum(added, axis=0)
+        last = (tl.arange(0, BT) == valid - 1)[:, None]
+        values += tl.where(last, added, 0.0)
+    sums = tl.cumsum(values, axis=0, reverse=REVERSE)
+    o_block = tl.make_block_ptr(out + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, 0), (BT, BD), (1, 0))
+    tl.store(o_block, sums.to(out.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def chunk_intra_kernel(
+    q, k, G, A_qk, A_kk, cu_seqlens, chunk_index, scale,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """``A_qk`` (scale included, diagonal included) and ``A_kk`` (strict), fp32 ``[TT, H, BT]``.
+
+    Per-channel decay: one program per 16 × 16 block (axis 2); otherwise one per chunk."""
+    i, h = tl.program_id(0), tl.program_id(1)
+    bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
+    row_stride = H * K
+    q, k = q + (bos * H + h) * K, k + (bos * H + h) * K
+    a_qk = A_qk + (bos * H + h) * BT
+    a_kk = A_kk + (bos * H + h) * BT if ERASE else A_kk
+
+    if DECAY != DECAY_CHANNEL:
+        qk = tl.zeros([BT, BT], dtype=tl.float32)
+        kk = tl.zeros([BT, BT], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            q_t = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
+                          boundary_check=(0, 1))  # fmt: skip
+            k_t = tl.load(tl.make_block_ptr(k, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
+                          boundary_check=(0, 1))  # fmt: skip
+            qk += tl.dot(q_t, tl.trans(k_t), input_precision=PREC)
+            if ERASE:
+                kk += tl.dot(k_t, tl.trans(k_t), input_precision=PREC)
+        rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
+        if DECAY == DECAY_HEAD:
+            g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
+            ratio = tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
+            qk *= ratio
+            kk *= ratio
+        qk = tl.where(rows >= cols, qk * scale, 0.0)
+        kk = tl.where(rows > cols, kk, 0.0)
+        out = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), (c * BT, 0), (BT, BT), (1, 0))
+        tl.store(out, qk, boundary_check=(0, 1))
+        if ERASE:
+            out = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), (c * BT, 0), (BT, BT), (1, 0))
+            tl.store(out, kk, boundary_check=(0, 1))
+    else:
+        NC: tl.constexpr = BT // BC
+        a, b = tl.program_id(2) // NC, tl.program_id(2) % NC
+        if a * BC >= valid:  # no valid row in this row block: nothing of this sequence to write
+            return
+        rows, cols = tl.arange(0, BC)[:, None], tl.arange(0, BC)[None, :]
+        row_valid = a * BC + rows < valid
+        g = G + (bos * H + h) * K
+        qk = tl.zeros([BC, BC], dtype=tl.float32)
+        kk = tl.zeros([BC, BC], dtype=tl.float32)
+        if a > b:
+            for kb in range(0, tl.cdiv(K, BK)):
+                k_idx = kb * BK + tl.arange(0, BK)
+                origin_a, origin_b = (c * BT + a * BC, kb * BK), (c * BT + b * BC, kb * BK)
+                q_a = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1))  # fmt: skip
+                k_a = tl.load(tl.make_block_ptr(k, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1))  # fmt: skip
+                g_a = tl.load(tl.make_block_ptr(g, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1))  # fmt: skip
+                k_b = tl.load(tl.make_block_ptr(k, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1))  # fmt: skip
+                g_b = tl.load(tl.make_block_ptr(g, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1))  # fmt: skip
+                g_ref = tl.load(g + (c * BT + a * BC - 1) * row_stride + k_idx, mask=k_idx < K, other=0)
+                left = tl.exp(tl.where(row_valid, g_a - g_ref[None, :], 0.0))  # Γ_r/Γ_ref ≤ 1
+                right = tl.exp(g_ref[None, :] - g_b)  # Γ_ref/Γ_i ≤ 1 (block b < a is all valid)
+                k_right = tl.trans(k_b * right).to(k_b.dtype)
+                qk += tl.dot((q_a * left).to(q_a.dtype), k_right, input_precision=PREC)
+                if ERASE:
+                    kk += tl.dot((k_a * left).to(k_a.dtype), k_right, input_precision=PREC)
+        elif a == b:
+            for kb in range(0, tl.cdiv(K, BK)):
+                k_idx = kb * BK + tl.arange(0, BK)
+                origin_a = (c * BT + a * BC, kb * BK)
+                q_a = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+                k_a = tl.load(tl.make_block_ptr(k, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+                g_a = tl.load(tl.make_block_ptr(g, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1))  # fmt: skip
+                for j in range(0, BC):  # column j: exact ratios Γ_r/Γ_j for r ≥ j
+                    t_j = c * BT + a * BC + j
+                    j_mask = (k_idx < K) & (a * BC + j < valid)
+                    k_j = tl.load(k + t_j * row_stride + k_idx, mask=j_mask, other=0).to(tl.float32)
+                    g_j = tl.load(g + t_j * row_stride + k_idx, mask=j_mask, other=0)
+                    ratio = tl.exp(tl.where((rows >= j) & row_valid, g_a - g_j[None, :], 0.0))
+                    kr = k_j[None, :] * ratio
+                    qk += tl.where(cols == j, tl.sum(q_a * kr, axis=1)[:, None], 0.0)
+                    if ERASE:
+                        kk += tl.where(cols == j, tl.sum(k_a * kr, axis=1)[:, None], 0.0)
+            qk = tl.where(rows >= cols, qk, 0.0)
+            kk = tl.where(rows > cols, kk, 0.0)
+        origin = (c * BT + a * BC, b * BC)
+        out = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), origin, (BC, BC), (1, 0))
+        tl.store(out, qk * scale, boundary_check=(0, 1))
+        if ERASE:
+            out = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), origin, (BC, BC), (1, 0))
+            tl.store(out, kk, boundary_check=(0, 1))
+
+
+@triton.jit
+def _unit_lower_inverse(lower, BC: tl.constexpr):
+    """``(I + L)⁻¹`` of a strictly lower ``L`` ``[BC, BC]`` by forward substitution, row by row."""
+    rows = tl.arange(0, BC)[:, None]
+    inverse = (rows == tl.arange(0, BC)[None, :]).to(tl.float32)
+    for r in tl.static_range(1, BC):
+        l_r = tl.sum(tl.where(rows == r, lower, 0.0), axis=0)  # row r of L
+        inverse = tl.where(rows == r, inverse - tl.sum(l_r[:, None] * inverse, axis=0)[None, :], inverse)
+    return inverse
+
+
+@triton.jit
+def _load_block(base, length, row0, col0, stride, BC: tl.constexpr):
+    return tl.load(tl.make_block_ptr(base, (length, 64), (stride, 1), (row0, col0), (BC, BC), (1, 0)),
+                   boundary_check=(0, 1))  # fmt: skip
+
+
+@triton.jit
+def _store_block(base, value, length, row0, col0, stride, BC: tl.constexpr):
+    tl.store(tl.make_block_ptr(base, (length, 64), (stride, 1), (row0, col0), (BC, BC), (1, 0)), value,
+             boundary_check=(0, 1))  # fmt: skip
+
+
+@triton.jit
+def chunk_solve_kernel(
+    A_kk, beta, T, cu_seqlens, chunk_index,
+    H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """``T = (I + Diag(β) A_kk)⁻¹`` ``[TT, H, 64]`` fp32, by 16 × 16 blocks: the four diagonal blocks by
+    forward substitution, then ``T_ab = −T_aa Σ_{b≤c<a} L_ac T_cb`` (L = Diag(β) A_kk)."""
+    tl.static_assert(BT == 64 and BC == 16, "the block solve is written out for a 64-step chunk")
+    i, h = tl.program_id(0), tl.program_id(1)
+    bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
+    a_base, t_base = A_kk + (bos * H + h) * BT, T + (bos * H + h) * BT
+    stride = H * BT
+    r0 = c * BT
+    idx = tl.arange(0, BC)
+    rows, cols = idx[:, None], idx[None, :]
+    b0 = _beta(beta, bos, h, r0, valid, H, BC, HAS_BETA)
+    b1 = _beta(beta, bos, h, r0 + 16, valid - 16, H, BC, HAS_BETA)
+    b2 = _beta(beta, bos, h, r0 + 32, valid - 32, H, BC, HAS_BETA)
+    b3 = _beta(beta, bos, h, r0 + 48, valid - 48, H, BC, HAS_BETA)
+    strict = rows > cols
+    l00 = tl.where(strict, b0[:, None] * _load_block(a_base, length, r0, 0, stride, BC), 0.0)
+    l11 = tl.where(strict, b1[:, None] * _load_block(a_base, length, r0 + 16, 16, stride, BC), 0.0)
+    l22 = tl.where(strict, b2[:, None] * _load_block(a_base, length, r0 + 32, 32, stride, BC), 0.0)
+    l33 = tl.where(strict, b3[:, None] * _load_block(a_base, length, r0 + 48, 48, stride, BC), 0.0)
+    l10 = b1[:, None] * _load_block(a_base, length, r0 + 16, 0, stride, BC)
+    l20 = b2[:, None] * _load_block(a_base, length, r0 + 32, 0, stride, BC)
+    l21 = b2[:, None] * _load_block(a_base, length, r0 + 32, 16, stride, BC)
+    l30 = b3[:, None] * _load_block(a_base, length, r0 + 48, 0, stride, BC)
+    l31 = b3[:, None] * _load_block(a_base, length, r0 + 48, 16, stride, BC)
+    l32 = b3[:, None] * _load_block(a_base, length, r0 + 48, 32, stride, BC)
+    t00, t11 = _unit_lower_inverse(l00, BC), _unit_lower_inverse(l11, BC)
+    t22, t33 = _unit_lower_inverse(l22, BC), _unit_lower_inverse(l33, BC)
+    t10 = -tl.dot(t11, tl.dot(l10, t00, input_precision=PREC), input_precision=PREC)
+    t21 = -tl.dot(t22, tl.dot(l21, t11, input_precision=PREC), input_precision=PREC)
+    t20 = -tl.dot(t22, tl.dot(l20, t00, input_precision=PREC) + tl.dot(l21, t10, input_precision=PREC),
+                  input_precision=PREC)  # fmt: skip
+    t32 = -tl.dot(t33, tl.dot(l32, t22, input_precision=PREC), input_precision=PREC)
+    t31 = -tl.dot(t33, tl.dot(l31, t11, input_precision=PREC) + tl.dot(l32, t21, input_precision=PREC),
+                  input_precision=PREC)  # fmt: skip
+    t30 = -tl.dot(t33, tl.dot(l30, t00, input_precision=PREC) + tl.dot(l31, t10, input_precision=PREC)
+                  + tl.dot(l32, t20, input_precision=PREC), input_precision=PREC)  # fmt: skip
+    zero = tl.zeros([BC, BC], dtype=tl.float32)
+    _store_block(t_base, t00, length, r0, 0, stride, BC)
+    _store_block(t_base, zero, length, r0, 16, stride, BC)
+    _store_block(t_base, zero, length, r0, 32, stride, BC)
+    _store_block(t_base, zero, length, r0, 48, stride, BC)
+    _store_block(t_base, t10, length, r0 + 16, 0, stride, BC)
+    _store_block(t_base, t11, length, r0 + 16, 16, stride, BC)
+    _store_block(t_base, zero, length, r0 + 16, 32, stride, BC)
+    _store_block(t_base, zero, length, r0 + 16, 48, stride, BC)
+    _store_block(t_base, t20, length, r0 + 32, 0, stride, BC)
+    _store_block(t_base, t21, length, r0 + 32, 16, stride, BC)
+    _store_block(t_base, t22, length, r0 + 32, 32, stride, BC)
+    _store_block(t_base, zero, length, r0 + 32, 48, stride, BC)
+    _store_block(t_base, t30, length, r0 + 48, 0, stride, BC)
+    _store_block(t_base, t31, length, r0 + 48, 16, stride, BC)
+    _store_block(t_base, t32, length, r0 + 48, 32, stride, BC)
+    _store_block(t_base, t33, length, r0 + 48, 48, stride, BC)
+
+
+@triton.jit
+def load_decay(G, bos, h, c, valid, k0, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               DECAY: tl.constexpr):  # fmt: skip
+    """G on this chunk, ``[BT, 1]`` (per head) or ``[BT, BK]`` (channels k0..k0+BK), and G at the chunk's last
+    valid step, ``[1]`` or ``[BK]``. Padded rows read G_last: ratios against them are 1, never inf."""
+    rows = tl.arange(0, BT)[:, None]
+    t = bos + c * BT + rows
+    last = bos + c * BT + valid - 1
+    if DECAY == DECAY_HEAD:
+        g_t = tl.load(G + t * H + h, mask=rows < valid, other=0)
+        g_last = tl.load(G + last * H + h + tl.zeros([1], dtype=tl.int64))
+        return tl.where(rows < valid, g_t, g_last[None, :]), g_last
+    k_idx = k0 + tl.arange(0, BK)
+    g_t = tl.load(G + (t * H + h) * K + k_idx[None, :], mask=(rows < valid) & (k_idx[None, :] < K), other=0)
+    g_last = tl.load(G + (last * H + h) * K + k_idx, mask=k_idx < K, other=0)
+    return tl.where(rows < valid, g_t, g_last[None, :]), g_last
+
+
+@triton.jit
+def _tile(x, bos, length, h, c, col0, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Block pointer to rows ``c·BT ..`` and columns ``col0 ..`` of ``x`` ``[TT, H, D]`` for head h, bounded by
+    the sequence."""
+    return tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, col0), (BT, BD), (1, 0))
+
+
+@triton.jit
+def _beta(beta, bos, h, start, valid, H: tl.constexpr, N: tl.constexpr, HAS_BETA: tl.constexpr):
+    """β of the N steps from ``start`` (in the sequence) as ``[N]`` fp32; 1 without β; 0 past the ``valid`` ones."""
+    rows = tl.arange(0, N)
+    if HAS_BETA:
+        return tl.load(beta + (bos + start + rows) * H + h, mask=rows < valid, other=0).to(tl.float32)
+    return tl.where(rows < valid, 1.0, 0.0)
+
+
+@triton.jit
+def chunk_wu_kernel(
+    k, v, beta, G, T, W_s, U_v, cu_seqlens, chunk_index,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """``W_s = T Diag(β) (K ⊙ Γ)`` ``[TT, H, K]`` and ``U_v = T Diag(β) V`` ``[TT, H, V]`` (fp32)."""
+    i, h = tl.program_id(0), tl.program_id(1)
+    bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
+    t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    b = _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
+    for kb in range(0, tl.cdiv(K, BK)):
+        k_t = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+        k_t *= b
+        if DECAY != DECAY_NONE:
+            g_t, _ = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
+            k_t *= tl.exp(g_t)
+        w_t = tl.dot(t_tile, k_t, input_precision=PREC)
+        tl.store(_tile(W_s, bos, length, h, c, kb * BK, H, K, BT, BK), w_t.to(W_s.dtype.element_ty),
+                 boundary_check=(0, 1))  # fmt: skip
+    for vb in range(0, tl.cdiv(V, BV)):
+        v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        u_t = tl.dot(t_tile, v_t * b, input_precision=PREC)
+        tl.store(_tile(U_v, bos, length, h, c, vb * BV, H, V, BT, BV), u_t.to(U_v.dtype.element_ty),
+                 boundary_check=(0, 1))  # fmt: skip
+
+
+@triton.jit
+def chunk_state_fwd_kernel(
+    k, v, beta, G, W_s, U_v, U, states, initial_state, final_state, cu_seqlens, chunk_offsets,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Sequential over one sequence's chunks for one head and BV value columns; the ``[K, BV]`` state stays in
+    registers. Stores each chunk's start state (``states`` ``[NT, H, K, V]``) and, with erase, ``U = U_v − W_s S``."""
+    vb, nh = tl.program_id(0), tl.program_id(1)
+    n, h = nh // H, nh % H
+    bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
+    length = eos - bos
+    first = tl.load(chunk_offsets + n).to(tl.int64)
+    k_idx, v_idx = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
+    state_mask = (k_idx[:, None] < K) & (v_idx[None, :] < V)
+    state_offsets = k_idx[:, None] * V + v_idx[None, :]
+    state = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_INITIAL_STATE:
+        state += tl.load(initial_state + (n * H + h).to(tl.int64) * K * V + state_offsets, mask=state_mask, other=0)
+    dtype = states.dtype.element_ty
+    for c in range(0, tl.cdiv(length, BT)):
+        valid = tl.minimum(BT, length - c * BT)
+        tl.store(states + ((first + c) * H + h) * K * V + state_offsets, state.to(dtype), mask=state_mask)
+        if ERASE:
+            w_t = tl.load(_tile(W_s, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1))
+            u_t = tl.load(_tile(U_v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            u_t = u_t.to(tl.float32) - tl.dot(w_t, state.to(w_t.dtype), input_precision=PREC)
+            tl.store(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), u_t.to(U.dtype.element_ty),
+                     boundary_check=(0, 1))  # fmt: skip
+        else:
+            u_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+            if HAS_BETA:
+                u_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
+        k_t = tl.load(_tile(k, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+        if DECAY != DECAY_NONE:
+            g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
+            k_t *= tl.exp(g_last[None, :] - g_t)  # K ⊙ Γ_C/Γ
+            state *= tl.exp(g_last)[:, None]
+        state += tl.dot(tl.trans(k_t).to(dtype), u_t.to(dtype), input_precision=PREC)
+    if STORE_FINAL_STATE:
+        tl.store(final_state + (n * H + h).to(tl.int64) * K * V + state_offsets, state, mask=state_mask)
+
+
+@triton.jit
+def chunk_output_kernel(
+    q, v, beta, G, states, U, A_qk, o, cu_seqlens, chunk_index, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """``O = (scale Q ⊙ Γ) S + A_qk U`` for one chunk, head and BV value columns."""
+    vb, i, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
+    dtype = states.dtype.element_ty
+    state_base = states + (i * H + h).to(tl.int64) * K * V
+    out = tl.zeros([BT, BV], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        q_t = tl.load(_tile(q, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+        if DECAY != DECAY_NONE:
+            g_t, _ = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
+            q_t *= tl.exp(g_t)
+        s_t = tl.load(tl.make_block_ptr(state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
+                      boundary_check=(0, 1))  # fmt: skip
+        out += tl.dot((q_t * scale).to(dtype), s_t, input_precision=PREC)
+    a_t = tl.load(_tile(A_qk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    if ERASE:
+        u_t = tl.load(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+    else:
+        u_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        if HAS_BETA:
+            u_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
+    out += tl.dot(a_t.to(dtype), u_t.to(dtype), input_precision=PREC)
+    tl.store(_tile(o, bos, length, h, c, vb * BV, H, V, BT, BV), out.to(o.dtype.element_ty), boundary_check=(0, 1))
