@@ -17,6 +17,12 @@ import torch
 import triton
 from torch import Tensor
 
+from linrnn.kernels.triton.chunk_bwd import (
+    chunk_bwd_intra_kernel,
+    chunk_bwd_main_kernel,
+    chunk_bwd_wy_kernel,
+    chunk_state_bwd_kernel,
+)
 from linrnn.kernels.triton.chunk_fwd import (
     DECAY_CHANNEL,
     DECAY_HEAD,
@@ -63,9 +69,6 @@ class _Layout:
         self.decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
         self.block_k = triton.next_power_of_2(self.key_dim)
         self.precision = "ieee" if q.dtype == torch.float32 else "tf32"
-
-    def buffer(self, *shape, dtype=torch.float32, device=None) -> Tensor:
-        return torch.empty(shape, dtype=dtype, device=device)
 
 
 def chunk_forward(q, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens):
@@ -138,3 +141,110 @@ def _state_block_v(layout: _Layout) -> int:
     while block_v > 16 and layout.sequences * layout.heads * triton.cdiv(layout.value_dim, block_v) < 256:
         block_v //= 2
     return block_v
+
+
+def chunk_backward(do, d_final, q, w, v, g, beta, initial_state, saved, *, erase, scale):
+    """Backward launches. Returns ``(dq, dw, dv, dg, dbeta, d_initial_state)``."""
+    layout: _Layout = saved["layout"]
+    H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
+    device, dtype = q.device, q.dtype
+    common = dict(cu_seqlens=layout.cu_seqlens, chunk_index=layout.chunk_index)
+    has_beta, decay, precision = beta is not None, layout.decay, layout.precision
+    G, states = saved["G"], saved["states"]
+    do = do.contiguous()
+    f32 = dict(dtype=torch.float32, device=device)
+
+    dstates = torch.empty(NT, H, K, V, dtype=dtype, device=device)
+    dU = torch.empty(TT, H, V, **f32)
+    d_initial = new_output(initial_state.shape, torch.float32, device) if initial_state is not None else None
+    block_v = _state_block_v(layout)
+    chunk_state_bwd_kernel[(triton.cdiv(V, block_v), layout.sequences * H)](
+        q, w, G, saved["W_s"], saved["A_qk"], do, dU, dstates, d_initial,
+        None if d_final is None else d_final.contiguous(), layout.cu_seqlens, layout.chunk_offsets, scale,
+        H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=decay, ERASE=erase,
+        USE_INITIAL_STATE=initial_state is not None, USE_FINAL_GRAD=d_final is not None, PREC=precision,
+    )  # fmt: skip
+
+    dq_part, dk_minus = torch.empty(TT, H, K, **f32), torch.empty(TT, H, K, **f32)
+    dW_s = torch.empty(TT, H, K, **f32) if erase else None
+    dA_qk = torch.empty(TT, H, CHUNK, **f32)
+    dT = torch.empty(TT, H, CHUNK, **f32) if erase else None
+    dv = new_output(v.shape, v.dtype, device)
+    dbeta = torch.empty(TT, H, **f32) if has_beta else None
+    dG_last = torch.empty(NT, H, K, **f32) if g is not None else None
+    block_k = min(64, layout.block_k)
+    chunk_bwd_main_kernel[(triton.cdiv(K, block_k), NT, H)](
+        w, v, beta, G, saved["T"], states, dstates, saved["U"], dU, do, dq_part, dk_minus, dW_s, dA_qk, dT, dv,
+        dbeta, dG_last, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k,
+        BV=min(64, triton.next_power_of_2(V)), DECAY=decay, ERASE=erase, HAS_BETA=has_beta, PREC=precision,
+    )  # fmt: skip
+    del dstates, dU
+
+    dk_plus = dA_kk = None
+    if erase:
+        dk_plus, dA_kk = torch.empty(TT, H, K, **f32), torch.empty(TT, H, CHUNK, **f32)
+        chunk_bwd_wy_kernel[(NT, H)](
+            w, beta, G, saved["T"], saved["A_kk"], dW_s, dT, dbeta, dk_plus, dA_kk, **common,
+            H=H, K=K, BT=CHUNK, BK=block_k, DECAY=decay, HAS_BETA=has_beta, PREC=precision,
+        )  # fmt: skip
+
+    dq, dw = new_output(q.shape, q.dtype, device), new_output(w.shape, w.dtype, device)
+    dG = torch.empty(g.shape, **f32) if g is not None else None
+    per_channel = decay == DECAY_CHANNEL
+    intra_block_k = block_k if per_channel else min(128, layout.block_k)
+    grid = (NT, H, (CHUNK // SUB_CHUNK) * triton.cdiv(K, intra_block_k) if per_channel else 1)
+    chunk_bwd_intra_kernel[grid](
+        q, w, G, dA_qk, dA_kk, dq_part, dk_minus, dk_plus, dq, dw, dG, **common,
+        H=H, K=K, BT=CHUNK, BC=SUB_CHUNK, BK=intra_block_k, DECAY=decay, ERASE=erase, PREC=precision,
+    )  # fmt: skip
+
+    dg = None
+    if g is not None:
+        channels = K if per_channel else 1
+        dg = new_output(g.shape, g.dtype, device)
+        chunk_cumsum_kernel[(NT, H)](
+            dG, dg, dG_last, **common, H=H, D=channels, BD=triton.next_power_of_2(channels), DE=K,
+            BDE=layout.block_k, BT=CHUNK, REVERSE=True, HAS_EXTRA=True,
+        )  # fmt: skip
+    if dbeta is not None:
+        dbeta = dbeta.to(beta.dtype).view(beta.shape)
+    return dq, dw, dv, dg, dbeta, d_initial
+
+
+class ChunkRecurrence(torch.autograd.Function):
+    """The recurrence with a tied erase (``erase=True``: e = w) or none, Triton forward and backward."""
+
+    @staticmethod
+    def forward(ctx, q, w, v, g, beta, initial_state, erase, scale, output_final_state, cu_seqlens):
+        q, w, v = q.contiguous(), w.contiguous(), v.contiguous()
+        g = None if g is None else g.contiguous()
+        beta = None if beta is None else beta.contiguous()
+        initial_state = None if initial_state is None else initial_state.contiguous()
+        o, final, saved = chunk_forward(
+            q, w, v, g, beta, erase=erase, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        )  # fmt: skip
+        names = ["G", "A_qk", "A_kk", "T", "W_s", "U", "states"]
+        ctx.save_for_backward(q, w, v, g, beta, initial_state, *(saved[n] for n in names))
+        ctx.names, ctx.layout, ctx.erase, ctx.scale = names, saved["layout"], erase, scale
+        return o, final
+
+    @staticmethod
+    def backward(ctx, do, d_final):
+        q, w, v, g, beta, initial_state, *buffers = ctx.saved_tensors
+        saved = dict(zip(ctx.names, buffers), layout=ctx.layout)
+        dq, dw, dv, dg, dbeta, d_initial = chunk_backward(
+            do, d_final, q, w, v, g, beta, initial_state, saved, erase=ctx.erase, scale=ctx.scale
+        )
+        if d_initial is not None:
+            d_initial = d_initial.to(initial_state.dtype)
+        return dq, dw, dv, dg, dbeta, d_initial, None, None, None, None
+
+
+def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """Same arguments and results as ``recurrence_reference`` for ``e is w`` (tied) or ``e is None``, with
+    autograd. Inputs must be validated already (``ops`` does); K and V up to 256."""
+    if e is not None and e is not w:
+        raise NotImplementedError("chunk_recurrence: a decoupled erase direction (e is not w) is not supported yet")
+    return ChunkRecurrence.apply(q, w, v, g, beta, initial_state, e is not None, scale, output_final_state,
+                                 cu_seqlens)  # fmt: skip

@@ -1,0 +1,348 @@
+"""Triton kernels of the chunkwise backward pass (the forward and its notation: ``chunk_fwd.py``).
+
+Per chunk, with S the start state, S' the end state, and given dO and dS'::
+
+    dU   = A_qkᵀ dO + (K ⊙ Γ_C/Γ) dS'                       (state pass, reverse, also gives dS)
+    dS   = Diag(Γ_C) dS' + (scale Q ⊙ Γ)ᵀ dO − W_sᵀ dU
+    dQ̂   = dO Sᵀ,   dǨ = U dS'ᵀ,   dW_s = −dU Sᵀ,   dA_qk = dO Uᵀ
+    dT   = dU (Diag(β) V)ᵀ + dW_s (Diag(β) K̂)ᵀ,  d(βV) = Tᵀ dU,  d(βK̂) = Tᵀ dW_s
+    dM   = −Tᵀ dT Tᵀ (strictly lower),  dA_kk = Diag(β) dM,  dβ += rowsum(dM ⊙ A_kk)
+
+where ``Q̂ = scale Q ⊙ Γ``, ``K̂ = K ⊙ Γ``, ``Ǩ = K ⊙ Γ_C/Γ`` and T, W_s, U as in the forward.
+The pairwise products ``A_xy[r, i] = (x_r ⊙ Γ_r/Γ_i)·y_i`` give ``dx_r = Σ_i dA[r, i] y_i ⊙ Γ_r/Γ_i``
+and ``dy_i = Σ_r dA[r, i] x_r ⊙ Γ_r/Γ_i``, computed by the forward's blocks.
+
+Log-decay: every use of a vector x at step t carries Γ_t (x ⊙ Γ, a row of A) or 1/Γ_t (x / Γ, a column of A,
+and Ǩ), so ``dG_t = Σ_uses ± x_t ⊙ dx_t``: ``q ⊙ dq + k ⊙ (dk₊ − dk₋)``, where dk₊ comes from K̂ and the rows
+of A_kk and dk₋ from Ǩ and the columns of A_kk and A_qk. The chunk's last step also gets
+``Γ_C Σ_v S ⊙ dS' + Σ_t Ǩ ⊙ dǨ`` (everything multiplied by Γ_C), and ``dg`` is the reverse cumsum of dG
+inside the chunk (G is the chunk-local cumsum of g).
+
+Kernels, in launch order: ``state_bwd`` (reverse over chunks: dS' per chunk, dU, dS_0), ``main`` (per chunk
+and K block: dQ̂, dǨ, dW_s; with the first K block dA_qk, dT, dv, part of dβ), ``wy`` (the solve's
+gradients: dA_kk, dk₊ from K̂, the rest of dβ), ``intra`` (gradients through A_qk and A_kk, sums with the
+parts, dq, dk, dG), then the forward's cumsum kernel reversed for dg.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from linrnn.kernels.triton.chunk_fwd import (
+    DECAY_CHANNEL,
+    DECAY_HEAD,
+    DECAY_NONE,
+    _beta,
+    _chunk_bounds,
+    _tile,
+    load_decay,
+)
+
+
+@triton.jit
+def chunk_state_bwd_kernel(
+    q, k, G, W_s, A_qk, do, dU, dstates, d_initial, d_final, cu_seqlens, chunk_offsets, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, USE_FINAL_GRAD: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """Reverse over one sequence's chunks; stores dS' (the gradient of each chunk's end state) and dU."""
+    vb, nh = tl.program_id(0), tl.program_id(1)
+    n, h = nh // H, nh % H
+    bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
+    length = eos - bos
+    first = tl.load(chunk_offsets + n).to(tl.int64)
+    k_idx, v_idx = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
+    state_mask = (k_idx[:, None] < K) & (v_idx[None, :] < V)
+    state_offsets = k_idx[:, None] * V + v_idx[None, :]
+    dstate = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_FINAL_GRAD:
+        dstate += tl.load(d_final + (n * H + h).to(tl.int64) * K * V + state_offsets, mask=state_mask, other=0)
+    dtype = dstates.dtype.element_ty
+    num_chunks = tl.cdiv(length, BT)
+    for j in range(0, num_chunks):
+        c = (num_chunks - 1 - j).to(tl.int32)
+        valid = tl.minimum(BT, length - c * BT)
+        tl.store(dstates + ((first + c) * H + h) * K * V + state_offsets, dstate.to(dtype), mask=state_mask)
+        do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+        a_t = tl.load(_tile(A_qk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        k_t = tl.load(_tile(k, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+        q_t = tl.load(_tile(q, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32) * scale
+        if DECAY != DECAY_NONE:
+            g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
+            k_t *= tl.exp(g_last[None, :] - g_t)
+            q_t *= tl.exp(g_t)
+        du = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
+        du += tl.dot(k_t.to(dtype), dstate.to(dtype), input_precision=PREC)
+        tl.store(_tile(dU, bos, length, h, c, vb * BV, H, V, BT, BV), du, boundary_check=(0, 1))
+        update = tl.dot(tl.trans(q_t).to(dtype), do_t.to(dtype), input_precision=PREC)
+        if ERASE:
+            w_t = tl.load(_tile(W_s, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1))
+            update -= tl.dot(tl.trans(w_t).to(dtype), du.to(dtype), input_precision=PREC)
+        if DECAY != DECAY_NONE:
+            dstate *= tl.exp(g_last)[:, None]
+        dstate += update
+    if USE_INITIAL_STATE:
+        tl.store(d_initial + (n * H + h).to(tl.int64) * K * V + state_offsets, dstate, mask=state_mask)
+
+
+@triton.jit
+def chunk_bwd_main_kernel(
+    k, v, beta, G, T, states, dstates, U, dU, do, dq, dk_minus, dW_s, dA_qk, dT, dv, dbeta, dG_last,
+    cu_seqlens, chunk_index, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Per chunk and K block, summing over V: dQ̂ (stored as its part of dq), dǨ (its part of dk₋), dW_s, the
+    last step's dG; the first K block also dA_qk, dT, dv and the V part of dβ."""
+    kb, i, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
+    dtype = states.dtype.element_ty
+    state_base = (i * H + h).to(tl.int64) * K * V
+    b = _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)
+    d_qhat = tl.zeros([BT, BK], dtype=tl.float32)
+    d_kcheck = tl.zeros([BT, BK], dtype=tl.float32)
+    d_ws = tl.zeros([BT, BK], dtype=tl.float32)
+    d_last = tl.zeros([BK], dtype=tl.float32)
+    d_aqk = tl.zeros([BT, BT], dtype=tl.float32)
+    d_t = tl.zeros([BT, BT], dtype=tl.float32)
+    d_beta = tl.zeros([BT], dtype=tl.float32)
+    if ERASE:
+        t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    for vb in range(0, tl.cdiv(V, BV)):
+        s_t = tl.load(tl.make_block_ptr(states + state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
+                      boundary_check=(0, 1))  # fmt: skip
+        ds_t = tl.load(tl.make_block_ptr(dstates + state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
+                       boundary_check=(0, 1))  # fmt: skip
+        do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        du_t = tl.load(_tile(dU, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+        v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        if ERASE:
+            u_t = tl.load(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        else:
+            u_t = v_t * b[:, None]
+        d_qhat += tl.dot(do_t.to(dtype), tl.trans(s_t), input_precision=PREC)
+        d_kcheck += tl.dot(u_t.to(dtype), tl.trans(ds_t), input_precision=PREC)
+        d_last += tl.sum(s_t.to(tl.float32) * ds_t.to(tl.float32), axis=1)
+        if ERASE:
+            d_ws -= tl.dot(du_t.to(dtype), tl.trans(s_t), input_precision=PREC)
+        if kb == 0:
+            d_aqk += tl.dot(do_t, tl.trans(u_t), input_precision=PREC)
+            if ERASE:
+                d_t += tl.dot(du_t, tl.trans(v_t * b[:, None]), input_precision=PREC)
+                d_bv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # d(βV)
+            else:
+                d_bv = du_t
+            tl.store(_tile(dv, bos, length, h, c, vb * BV, H, V, BT, BV), (d_bv * b[:, None]).to(dv.dtype.element_ty),
+                     boundary_check=(0, 1))  # fmt: skip
+            d_beta += tl.sum(v_t * d_bv, axis=1)
+    if kb == 0:
+        rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
+        # stored times scale: the gradient of the pairwise product of q and k, scale taken out
+        tl.store(_tile(dA_qk, bos, length, h, c, 0, H, BT, BT, BT), tl.where(rows >= cols, d_aqk * scale, 0.0),
+                 boundary_check=(0, 1))  # fmt: skip
+        if ERASE:
+            tl.store(_tile(dT, bos, length, h, c, 0, H, BT, BT, BT), d_t, boundary_check=(0, 1))
+        if HAS_BETA:
+            t_idx = tl.arange(0, BT)
+            tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
+    d_q = d_qhat * scale
+    d_km = d_kcheck
+    if DECAY != DECAY_NONE:
+        g_t, g_last = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
+        d_q *= tl.exp(g_t)
+        to_end = tl.exp(g_last[None, :] - g_t)
+        d_km *= to_end
+        k_t = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+        d_last = tl.exp(g_last) * d_last + tl.sum(k_t * to_end * d_kcheck, axis=0)
+        k_idx = kb * BK + tl.arange(0, BK)
+        tl.store(dG_last + (i * H + h).to(tl.int64) * K + k_idx, d_last, mask=k_idx < K)
+    tl.store(_tile(dq, bos, length, h, c, kb * BK, H, K, BT, BK), d_q, boundary_check=(0, 1))
+    tl.store(_tile(dk_minus, bos, length, h, c, kb * BK, H, K, BT, BK), d_km, boundary_check=(0, 1))
+    if ERASE:
+        tl.store(_tile(dW_s, bos, length, h, c, kb * BK, H, K, BT, BK), d_ws, boundary_check=(0, 1))
+
+
+@triton.jit
+def chunk_bwd_wy_kernel(
+    k, beta, G, T, A_kk, dW_s, dT, dbeta, dk_plus, dA_kk, cu_seqlens, chunk_index,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    DECAY: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Gradients through ``W_s = T Diag(β) K̂`` and ``T = (I + Diag(β) A_kk)⁻¹``: dk₊ (from K̂), dA_kk, dβ."""
+    i, h = tl.program_id(0), tl.program_id(1)
+    bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
+    t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    d_t = tl.load(_tile(dT, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    b = _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)
+    t_idx = tl.arange(0, BT)
+    if HAS_BETA:
+        d_beta = tl.load(dbeta + (bos + c * BT + t_idx) * H + h, mask=t_idx < valid, other=0)
+    for kb in range(0, tl.cdiv(K, BK)):
+        k_hat = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+        if DECAY != DECAY_NONE:
+            g_t, _ = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
+            decay = tl.exp(g_t)
+            k_hat *= decay
+        d_ws = tl.load(_tile(dW_s, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+        d_t += tl.dot(d_ws, tl.trans(k_hat * b[:, None]), input_precision=PREC)
+        d_bk = tl.dot(tl.trans(t_tile), d_ws, input_precision=PREC)  # d(βK̂)
+        d_kp = d_bk * b[:, None]
+        if DECAY != DECAY_NONE:
+            d_kp *= decay
+        tl.store(_tile(dk_plus, bos, length, h, c, kb * BK, H, K, BT, BK), d_kp, boundary_check=(0, 1))
+        if HAS_BETA:
+            d_beta += tl.sum(k_hat * d_bk, axis=1)
+    rows, cols = t_idx[:, None], t_idx[None, :]
+    d_m = -tl.dot(tl.dot(tl.trans(t_tile), d_t, input_precision=PREC), tl.trans(t_tile), input_precision=PREC)
+    d_m = tl.where(rows > cols, d_m, 0.0)
+    tl.store(_tile(dA_kk, bos, length, h, c, 0, H, BT, BT, BT), d_m * b[:, None], boundary_check=(0, 1))
+    if HAS_BETA:
+        a_kk = tl.load(_tile(A_kk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        d_beta += tl.sum(tl.where(rows > cols, d_m * a_kk, 0.0), axis=1)
+        tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
+
+
+@triton.jit
+def chunk_bwd_intra_kernel(
+    q, k, G, dA_qk, dA_kk, dq_part, dk_minus, dk_plus, dq, dk, dG, cu_seqlens, chunk_index,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Gradients through ``A_qk`` (``dA_qk`` comes with the scale applied) and ``A_kk``, added to the parts from the other kernels:
+    dq, dk (inputs' dtypes) and dG (fp32; per head ``[TT, H]``, per channel ``[TT, H, K]``)."""
+    i, h = tl.program_id(0), tl.program_id(1)
+    bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
+    if DECAY != DECAY_CHANNEL:
+        rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
+        d_aqk = tl.load(_tile(dA_qk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        d_akk = tl.zeros([BT, BT], dtype=tl.float32)
+        if ERASE:
+            d_akk = tl.load(_tile(dA_kk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        if DECAY == DECAY_HEAD:
+            g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
+            ratio = tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))
+            d_aqk *= ratio
+            d_akk *= ratio
+        d_aqk = tl.where(rows >= cols, d_aqk, 0.0)
+        d_akk = tl.where(rows > cols, d_akk, 0.0)
+        d_g = tl.zeros([BT], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            q_t = tl.load(_tile(q, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+            k_t = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+            d_q = tl.load(_tile(dq_part, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+            d_km = tl.load(_tile(dk_minus, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+            d_q += tl.dot(d_aqk, k_t, input_precision=PREC)
+            d_km += tl.dot(tl.trans(d_aqk), q_t, input_precision=PREC)
+            d_kp = tl.zeros([BT, BK], dtype=tl.float32)
+            if ERASE:
+                d_kp += tl.load(_tile(dk_plus, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+                d_kp += tl.dot(d_akk, k_t, input_precision=PREC)
+                d_km += tl.dot(tl.trans(d_akk), k_t, input_precision=PREC)
+            tl.store(_tile(dq, bos, length, h, c, kb * BK, H, K, BT, BK), d_q.to(dq.dtype.element_ty),
+                     boundary_check=(0, 1))  # fmt: skip
+            tl.store(_tile(dk, bos, length, h, c, kb * BK, H, K, BT, BK), (d_kp + d_km).to(dk.dtype.element_ty),
+                     boundary_check=(0, 1))  # fmt: skip
+            if DECAY == DECAY_HEAD:
+                d_g += tl.sum(q_t * d_q + k_t * (d_kp - d_km), axis=1)
+        if DECAY == DECAY_HEAD:
+            t_idx = tl.arange(0, BT)
+            tl.store(dG + (bos + c * BT + t_idx) * H + h, d_g, mask=t_idx < valid)
+    else:
+        NC: tl.constexpr = BT // BC
+        NK = tl.cdiv(K, BK)
+        s, kb = tl.program_id(2) // NK, tl.program_id(2) % NK
+        r0 = s * BC
+        if r0 >= valid:
+            return
+        rows, cols = tl.arange(0, BC)[:, None], tl.arange(0, BC)[None, :]
+        row_valid = r0 + rows < valid
+        row_stride = H * K
+        qh, kh, gh = q + (bos * H + h) * K, k + (bos * H + h) * K, G + (bos * H + h) * K
+        a_qk = dA_qk + (bos * H + h) * BT
+        a_kk = dA_kk + (bos * H + h) * BT if ERASE else dA_kk
+        k_idx = kb * BK + tl.arange(0, BK)
+        k_mask = k_idx < K
+        origin = (c * BT + r0, kb * BK)
+        q_s = tl.load(tl.make_block_ptr(qh, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0)),
+                      boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+        k_s = tl.load(tl.make_block_ptr(kh, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0)),
+                      boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+        g_s = tl.load(tl.make_block_ptr(gh, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0)),
+                      boundary_check=(0, 1))  # fmt: skip
+        d_q = tl.zeros([BC, BK], dtype=tl.float32)
+        d_kp = tl.zeros([BC, BK], dtype=tl.float32)
+        d_km = tl.zeros([BC, BK], dtype=tl.float32)
+        if s > 0:  # rows of block s against the columns before it, through G_ref = G[r0 − 1]
+            g_ref = tl.load(gh + (c * BT + r0 - 1) * row_stride + k_idx, mask=k_mask, other=0)
+            acc_q = tl.zeros([BC, BK], dtype=tl.float32)
+            acc_k = tl.zeros([BC, BK], dtype=tl.float32)
+            for b in range(0, s):
+                origin_b = (c * BT + b * BC, kb * BK)
+                k_b = tl.load(tl.make_block_ptr(kh, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+                g_b = tl.load(tl.make_block_ptr(gh, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1))  # fmt: skip
+                k_right = k_b * tl.exp(g_ref[None, :] - g_b)
+                block = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), (c * BT + r0, b * BC), (BC, BC), (1, 0))
+                acc_q += tl.dot(tl.load(block, boundary_check=(0, 1)), k_right, input_precision=PREC)
+                if ERASE:
+                    block = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), (c * BT + r0, b * BC), (BC, BC),
+                                              (1, 0))  # fmt: skip
+                    acc_k += tl.dot(tl.load(block, boundary_check=(0, 1)), k_right, input_precision=PREC)
+            left = tl.exp(tl.where(row_valid, g_s - g_ref[None, :], 0.0))
+            d_q += acc_q * left
+            d_kp += acc_k * left
+        if r0 + BC < valid:  # columns of block s against the rows after it, through G_ref = G[r0 + BC − 1]
+            g_ref = tl.load(gh + (c * BT + r0 + BC - 1) * row_stride + k_idx, mask=k_mask, other=0)
+            acc = tl.zeros([BC, BK], dtype=tl.float32)
+            for a in range(s + 1, NC):
+                origin_a = (c * BT + a * BC, kb * BK)
+                q_a = tl.load(tl.make_block_ptr(qh, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+                g_a = tl.load(tl.make_block_ptr(gh, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
+                              boundary_check=(0, 1))  # fmt: skip
+                factor = tl.exp(tl.where(a * BC + rows < valid, g_a - g_ref[None, :], 0.0))
+                block = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), (c * BT + a * BC, r0), (BC, BC), (1, 0))
+                acc += tl.dot(tl.trans(tl.load(block, boundary_check=(0, 1))), q_a * factor, input_precision=PREC)
+                if ERASE:
+                    k_a = tl.load(tl.make_block_ptr(kh, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
+                                  boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+                    block = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), (c * BT + a * BC, r0), (BC, BC),
+                                              (1, 0))  # fmt: skip
+                    acc += tl.dot(tl.trans(tl.load(block, boundary_check=(0, 1))), k_a * factor, input_precision=PREC)
+            d_km += acc * tl.exp(g_ref[None, :] - g_s)
+        block = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), (c * BT + r0, r0), (BC, BC), (1, 0))
+        d_aqk = tl.where(rows >= cols, tl.load(block, boundary_check=(0, 1)), 0.0)
+        d_akk = tl.zeros([BC, BC], dtype=tl.float32)
+        if ERASE:
+            block = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), (c * BT + r0, r0), (BC, BC), (1, 0))
+            d_akk = tl.where(rows > cols, tl.load(block, boundary_check=(0, 1)), 0.0)
+        for j in range(0, BC):  # the diagonal block, column j: exact ratios Γ_r/Γ_j for r ≥ j
+            t_j = c * BT + r0 + j
+            j_mask = k_mask & (r0 + j < valid)
+            k_j = tl.load(kh + t_j * row_stride + k_idx, mask=j_mask, other=0).to(tl.float32)
+            g_j = tl.load(gh + t_j * row_stride + k_idx, mask=j_mask, other=0)
+            ratio = tl.exp(tl.where((rows >= j) & row_valid & (r0 + j < valid), g_s - g_j[None, :], 0.0))
+            col_q = tl.sum(tl.where(cols == j, d_aqk, 0.0), axis=1)[:, None]
+            col_k = tl.sum(tl.where(cols == j, d_akk, 0.0), axis=1)[:, None]
+            d_q += col_q * k_j[None, :] * ratio
+            d_kp += col_k * k_j[None, :] * ratio
+            row_j = tl.sum((col_q * q_s + col_k * k_s) * ratio, axis=0)
+            d_km += tl.where(rows == j, row_j[None, :], 0.0)
+        part = tl.make_block_ptr(dq_part + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
+        d_q += tl.load(part, boundary_check=(0, 1))
+        part = tl.make_block_ptr(dk_minus + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK),
+                                 (1, 0))  # fmt: skip
+        d_km += tl.load(part, boundary_check=(0, 1))
+        if ERASE:
+            part = tl.make_block_ptr(dk_plus + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK),
+                                     (1, 0))  # fmt: skip
+            d_kp += tl.load(part, boundary_check=(0, 1))
+        out = tl.make_block_ptr(dq + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
+        tl.store(out, d_q.to(dq.dtype.element_ty), boundary_check=(0, 1))
+        out = tl.make_block_ptr(dk + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
+        tl.store(out, (d_kp + d_km).to(dk.dtype.element_ty), boundary_check=(0, 1))
+        out = tl.make_block_ptr(dG + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
+        tl.store(out, q_s * d_q + k_s * (d_kp - d_km), boundary_check=(0, 1))
