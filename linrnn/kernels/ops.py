@@ -5,10 +5,12 @@ inputs are used as given (no normalisation inside). Every op returns
 ``(o, final_state)`` with ``final_state`` None unless ``output_final_state``.
 
 Backends: ``"reference"`` (sequential loop, value checks always on),
-``"torch"`` (chunkwise, ``chunked.py``), ``"triton"`` (in this version the fused
-recurrent forward kernel only: inference and decoding, no autograd), ``"auto"``
-(Triton on CUDA when no gradient is needed, at any length: it beat the torch
-path from 1 to 2048 tokens, benchmarks/RESULTS.md; torch otherwise).
+``"torch"`` (chunkwise, ``chunked.py``), ``"triton"`` (Triton kernels: the chunkwise
+forward and backward of ``kernels/triton/chunk.py`` for training and long
+sequences; the fused recurrent forward for decoding, sequences of up to
+``FUSED_RECURRENT_MAX_STEPS`` steps without autograd), ``"auto"`` (Triton on CUDA,
+torch elsewhere). GammaNet's fold (``Γq``, ``Γ⁻¹k``) is elementwise torch work
+before the chunkwise kernels, so autograd gives the gradient of ``log_gamma``.
 The final state is fp32 (fp64 for fp64 inputs); ``o`` has ``v``'s dtype.
 """
 
@@ -35,6 +37,7 @@ from linrnn.kernels.validation import (
 )
 
 MAX_TRITON_DIM = 256  # K, V limit of the Triton kernels (the state tile lives in registers)
+FUSED_RECURRENT_MAX_STEPS = 64  # without autograd, sequences up to this long run step by step (decoding)
 
 
 @dataclass(frozen=True)
@@ -191,8 +194,8 @@ def _check(op, q, k, v, options, *, g=None, g_kind=None, beta=None, beta_require
 
 
 def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
-    """Picks the implementation and runs it; ``log_gamma`` (GammaNet) is folded here for the torch
-    backends and inside the kernel for Triton."""
+    """Picks the implementation and runs it; ``log_gamma`` (GammaNet) is folded inside the fused recurrent
+    kernel and here, in torch, for the other paths."""
     if options.check_values or options.backend == "reference":
         check_gate_values(op, g, beta)
     args = dict(
@@ -207,7 +210,11 @@ def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
         if problem and options.backend == "triton":
             fail(op, f"backend 'triton' {problem}")
         use_triton = problem is None  # "auto" falls back to the torch path
-    if use_triton:
+    if (
+        use_triton
+        and not _needs_grad((q, w, v, e, g, beta, options.initial_state, log_gamma))
+        and (_longest(q, options.cu_seqlens) <= FUSED_RECURRENT_MAX_STEPS)
+    ):
         from linrnn.kernels.triton.fused_recurrent import fused_recurrent_fwd
 
         return fused_recurrent_fwd(q, w, v, e, g, beta, log_gamma=log_gamma, **args)
@@ -215,16 +222,30 @@ def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
     if log_gamma is not None:  # the fold identity: run on Γ⁻¹S with query Γq, write key Γ⁻¹k, erase e
         dtype = compute_dtype(q.dtype)
         gamma = log_gamma.to(dtype).exp()  # [H, K]
-        q, w, e = q.to(dtype) * gamma, w.to(dtype) / gamma, e.to(dtype)
+        # the Triton kernels take q, k, e in one dtype; the torch backends compute in fp32/fp64 anyway
+        kernel_dtype = q.dtype if use_triton else dtype
+        q, w, e = (q.to(dtype) * gamma).to(kernel_dtype), (w.to(dtype) / gamma).to(kernel_dtype), e.to(kernel_dtype)
         if args["initial_state"] is not None:
             args["initial_state"] = args["initial_state"].to(dtype) / gamma[:, :, None]
     if options.backend == "reference":
         o, final = recurrence_reference(q, w, v, e, g, beta, **args)
+    elif use_triton:
+        from linrnn.kernels.triton.chunk import chunk_recurrence
+
+        o, final = chunk_recurrence(q, w, v, e, g, beta, **args)
     else:
         o, final = recurrence_chunked(q, w, v, e, g, beta, chunk_size=options.chunk_size, **args)
     if log_gamma is not None and final is not None:
         final = final * gamma[:, :, None]
     return o, final
+
+
+def _needs_grad(tensors) -> bool:
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
+def _longest(q: Tensor, cu_seqlens: Tensor | None) -> int:
+    return q.shape[1] if cu_seqlens is None else int(cu_seqlens.diff().max())
 
 
 @functools.cache
@@ -233,7 +254,7 @@ def _triton_installed() -> bool:
 
 
 def _triton_problem(tensors) -> str | None:
-    """Why the Triton fused recurrent kernel cannot take these inputs, or None."""
+    """Why the Triton kernels cannot take these inputs, or None."""
     q, v = tensors[0], tensors[2]
     if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return f"needs CUDA tensors (or TRITON_INTERPRET=1 on CPU), got device {q.device}"
@@ -243,9 +264,4 @@ def _triton_problem(tensors) -> str | None:
         return "computes in fp32, got float64 inputs; use backend 'torch' or 'reference' for fp64"
     if q.shape[-1] > MAX_TRITON_DIM or v.shape[-1] > MAX_TRITON_DIM:
         return f"supports K and V up to {MAX_TRITON_DIM}, got K = {q.shape[-1]}, V = {v.shape[-1]}"
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
-        return (
-            "has only the forward fused recurrent kernel in this version (no autograd); "
-            "use backend 'torch' for training, or call under torch.no_grad()"
-        )
     return None

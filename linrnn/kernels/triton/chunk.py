@@ -71,13 +71,14 @@ class _Layout:
         self.precision = "ieee" if q.dtype == torch.float32 else "tf32"
 
 
-def chunk_forward(q, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens):
-    """Forward launches. Returns ``(o, final_state, saved)`` with what the backward needs in ``saved``."""
+def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens):
+    """Forward launches. ``k``: the erase direction (the write key when tied or without erase); ``w``: the write
+    key when decoupled (w ≠ k), else None. Returns ``(o, final_state, saved)``, ``saved`` for the backward."""
     layout = _Layout(q, v, g, cu_seqlens)
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
     common = dict(cu_seqlens=layout.cu_seqlens, chunk_index=layout.chunk_index)
-    has_beta = beta is not None
+    has_beta, decoupled = beta is not None, w is not None
 
     G = None
     if g is not None:
@@ -90,12 +91,14 @@ def chunk_forward(q, w, v, g, beta, *, erase, scale, initial_state, output_final
 
     A_qk = torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device)
     A_kk = torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device) if erase else None
+    A_qw, A_kw = (torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device) for _ in range(2)) if decoupled \
+        else (None, None)  # fmt: skip
     per_channel = layout.decay == DECAY_CHANNEL
     intra_grid = (NT, H, (CHUNK // SUB_CHUNK) ** 2 if per_channel else 1)
     chunk_intra_kernel[intra_grid](
-        q, w, G, A_qk, A_kk, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
+        q, k, w, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
         BK=min(64, layout.block_k) if per_channel else min(128, layout.block_k),
-        DECAY=layout.decay, ERASE=erase, PREC=layout.precision,
+        DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision,
     )  # fmt: skip
 
     T = W_s = U = None
@@ -106,8 +109,9 @@ def chunk_forward(q, w, v, g, beta, *, erase, scale, initial_state, output_final
         W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
         U_v = torch.empty(TT, H, V, dtype=torch.float32, device=device)
         chunk_wu_kernel[(NT, H)](
-            w, v, beta, G, T, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BK=min(64, layout.block_k),
-            BV=min(64, triton.next_power_of_2(V)), DECAY=layout.decay, HAS_BETA=has_beta, PREC=layout.precision,
+            k, v, beta, G, T, A_kw, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BK=min(64, layout.block_k),
+            BV=min(64, triton.next_power_of_2(V)), DECAY=layout.decay, HAS_BETA=has_beta, DECOUPLED=decoupled,
+            PREC=layout.precision,
         )  # fmt: skip
         U = torch.empty(TT, H, V, dtype=dtype, device=device)
     else:
@@ -117,21 +121,21 @@ def chunk_forward(q, w, v, g, beta, *, erase, scale, initial_state, output_final
     final = new_output((layout.sequences, H, K, V), torch.float32, device) if output_final_state else None
     block_v = _state_block_v(layout)
     chunk_state_fwd_kernel[(triton.cdiv(V, block_v), layout.sequences * H)](
-        w, v, beta, G, W_s, U_v, U, states, initial_state, final, layout.cu_seqlens, layout.chunk_offsets,
+        k, w, v, beta, G, W_s, U_v, U, states, initial_state, final, layout.cu_seqlens, layout.chunk_offsets,
         H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=layout.decay, ERASE=erase,
-        HAS_BETA=has_beta, USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=output_final_state,
-        PREC=layout.precision,
+        HAS_BETA=has_beta, DECOUPLED=decoupled, USE_INITIAL_STATE=initial_state is not None,
+        STORE_FINAL_STATE=output_final_state, PREC=layout.precision,
     )  # fmt: skip
     del U_v
 
     o = new_output(v.shape, v.dtype, device)
     block_v = min(64, triton.next_power_of_2(V))
     chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
-        q, v, beta, G, states, U, A_qk, o, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK,
+        q, v, beta, G, states, U, A_qk, A_qw, o, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK,
         BK=min(64, layout.block_k), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
-        PREC=layout.precision,
+        DECOUPLED=decoupled, PREC=layout.precision,
     )  # fmt: skip
-    saved = dict(layout=layout, G=G, A_qk=A_qk, A_kk=A_kk, T=T, W_s=W_s, U=U, states=states)
+    saved = dict(layout=layout, G=G, A_qk=A_qk, A_kk=A_kk, A_qw=A_qw, A_kw=A_kw, T=T, W_s=W_s, U=U, states=states)
     return o, final, saved
 
 
@@ -143,59 +147,69 @@ def _state_block_v(layout: _Layout) -> int:
     return block_v
 
 
-def chunk_backward(do, d_final, q, w, v, g, beta, initial_state, saved, *, erase, scale):
-    """Backward launches. Returns ``(dq, dw, dv, dg, dbeta, d_initial_state)``."""
+def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, erase, scale):
+    """Backward launches (arguments as ``chunk_forward``). Returns ``(dq, dk, dw, dv, dg, dbeta, d_initial)``."""
     layout: _Layout = saved["layout"]
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
     common = dict(cu_seqlens=layout.cu_seqlens, chunk_index=layout.chunk_index)
-    has_beta, decay, precision = beta is not None, layout.decay, layout.precision
+    has_beta, decoupled, decay, precision = beta is not None, w is not None, layout.decay, layout.precision
     G, states = saved["G"], saved["states"]
     do = do.contiguous()
     f32 = dict(dtype=torch.float32, device=device)
 
+    def buffers(count, *shape, when=True):
+        return [torch.empty(*shape, **f32) if when else None for _ in range(count)]
+
     dstates = torch.empty(NT, H, K, V, dtype=dtype, device=device)
-    dU = torch.empty(TT, H, V, **f32)
+    (dU,) = buffers(1, TT, H, V)
+    (dX,) = buffers(1, TT, H, V, when=decoupled)
     d_initial = new_output(initial_state.shape, torch.float32, device) if initial_state is not None else None
     block_v = _state_block_v(layout)
     chunk_state_bwd_kernel[(triton.cdiv(V, block_v), layout.sequences * H)](
-        q, w, G, saved["W_s"], saved["A_qk"], do, dU, dstates, d_initial,
+        q, k, w, G, saved["W_s"], saved["A_qk"], saved["A_qw"], do, dU, dX, dstates, d_initial,
         None if d_final is None else d_final.contiguous(), layout.cu_seqlens, layout.chunk_offsets, scale,
-        H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=decay, ERASE=erase,
+        H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_GRAD=d_final is not None, PREC=precision,
     )  # fmt: skip
 
-    dq_part, dk_minus = torch.empty(TT, H, K, **f32), torch.empty(TT, H, K, **f32)
-    dW_s = torch.empty(TT, H, K, **f32) if erase else None
-    dA_qk = torch.empty(TT, H, CHUNK, **f32)
-    dT = torch.empty(TT, H, CHUNK, **f32) if erase else None
+    dq_part, dk_minus = buffers(2, TT, H, K)
+    (dW_s,) = buffers(1, TT, H, K, when=erase)
+    (dw_minus,) = buffers(1, TT, H, K, when=decoupled)
+    (dA_qk,) = buffers(1, TT, H, CHUNK)
+    (dT,) = buffers(1, TT, H, CHUNK, when=erase)
+    dA_qw, dP = buffers(2, TT, H, CHUNK, when=decoupled)
+    (dbeta,) = buffers(1, TT, H, when=has_beta)
+    (dG_last,) = buffers(1, NT, H, K, when=g is not None)
     dv = new_output(v.shape, v.dtype, device)
-    dbeta = torch.empty(TT, H, **f32) if has_beta else None
-    dG_last = torch.empty(NT, H, K, **f32) if g is not None else None
     block_k = min(64, layout.block_k)
     chunk_bwd_main_kernel[(triton.cdiv(K, block_k), NT, H)](
-        w, v, beta, G, saved["T"], states, dstates, saved["U"], dU, do, dq_part, dk_minus, dW_s, dA_qk, dT, dv,
-        dbeta, dG_last, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k,
-        BV=min(64, triton.next_power_of_2(V)), DECAY=decay, ERASE=erase, HAS_BETA=has_beta, PREC=precision,
+        k, w, v, beta, G, saved["T"], saved["A_kw"], states, dstates, saved["U"], dU, dX, do, dq_part, dk_minus,
+        dw_minus, dW_s, dA_qk, dA_qw, dT, dP, dv, dbeta, dG_last, **common, scale=scale,
+        H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=min(64, triton.next_power_of_2(V)), DECAY=decay, ERASE=erase,
+        HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision,
     )  # fmt: skip
-    del dstates, dU
+    del dstates, dU, dX
 
-    dk_plus = dA_kk = None
+    dk_plus, dA_kk = buffers(1, TT, H, K, when=erase) + buffers(1, TT, H, CHUNK, when=erase)
+    (dA_kw,) = buffers(1, TT, H, CHUNK, when=decoupled)
     if erase:
-        dk_plus, dA_kk = torch.empty(TT, H, K, **f32), torch.empty(TT, H, CHUNK, **f32)
         chunk_bwd_wy_kernel[(NT, H)](
-            w, beta, G, saved["T"], saved["A_kk"], dW_s, dT, dbeta, dk_plus, dA_kk, **common,
-            H=H, K=K, BT=CHUNK, BK=block_k, DECAY=decay, HAS_BETA=has_beta, PREC=precision,
+            k, beta, G, saved["T"], saved["A_kk"], saved["A_kw"], dW_s, dT, dP, dbeta, dk_plus, dA_kk, dA_kw,
+            **common, H=H, K=K, BT=CHUNK, BK=block_k, DECAY=decay, HAS_BETA=has_beta, DECOUPLED=decoupled,
+            PREC=precision,
         )  # fmt: skip
 
-    dq, dw = new_output(q.shape, q.dtype, device), new_output(w.shape, w.dtype, device)
+    dq, dk = new_output(q.shape, q.dtype, device), new_output(k.shape, k.dtype, device)
+    dw = new_output(w.shape, w.dtype, device) if decoupled else None
     dG = torch.empty(g.shape, **f32) if g is not None else None
     per_channel = decay == DECAY_CHANNEL
     intra_block_k = block_k if per_channel else min(128, layout.block_k)
     grid = (NT, H, (CHUNK // SUB_CHUNK) * triton.cdiv(K, intra_block_k) if per_channel else 1)
     chunk_bwd_intra_kernel[grid](
-        q, w, G, dA_qk, dA_kk, dq_part, dk_minus, dk_plus, dq, dw, dG, **common,
-        H=H, K=K, BT=CHUNK, BC=SUB_CHUNK, BK=intra_block_k, DECAY=decay, ERASE=erase, PREC=precision,
+        q, k, w, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dG, **common,
+        H=H, K=K, BT=CHUNK, BC=SUB_CHUNK, BK=intra_block_k, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
+        PREC=precision,
     )  # fmt: skip
 
     dg = None
@@ -208,43 +222,41 @@ def chunk_backward(do, d_final, q, w, v, g, beta, initial_state, saved, *, erase
         )  # fmt: skip
     if dbeta is not None:
         dbeta = dbeta.to(beta.dtype).view(beta.shape)
-    return dq, dw, dv, dg, dbeta, d_initial
+    return dq, dk, dw, dv, dg, dbeta, d_initial
 
 
 class ChunkRecurrence(torch.autograd.Function):
-    """The recurrence with a tied erase (``erase=True``: e = w) or none, Triton forward and backward."""
+    """The recurrence with Triton forward and backward; arguments as ``chunk_forward``."""
 
     @staticmethod
-    def forward(ctx, q, w, v, g, beta, initial_state, erase, scale, output_final_state, cu_seqlens):
-        q, w, v = q.contiguous(), w.contiguous(), v.contiguous()
-        g = None if g is None else g.contiguous()
-        beta = None if beta is None else beta.contiguous()
-        initial_state = None if initial_state is None else initial_state.contiguous()
+    def forward(ctx, q, k, w, v, g, beta, initial_state, erase, scale, output_final_state, cu_seqlens):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        w, g, beta, initial_state = (None if x is None else x.contiguous() for x in (w, g, beta, initial_state))
         o, final, saved = chunk_forward(
-            q, w, v, g, beta, erase=erase, scale=scale, initial_state=initial_state,
+            q, k, w, v, g, beta, erase=erase, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
         )  # fmt: skip
-        names = ["G", "A_qk", "A_kk", "T", "W_s", "U", "states"]
-        ctx.save_for_backward(q, w, v, g, beta, initial_state, *(saved[n] for n in names))
+        names = ["G", "A_qk", "A_kk", "A_qw", "A_kw", "T", "W_s", "U", "states"]
+        ctx.save_for_backward(q, k, w, v, g, beta, initial_state, *(saved[n] for n in names))
         ctx.names, ctx.layout, ctx.erase, ctx.scale = names, saved["layout"], erase, scale
         return o, final
 
     @staticmethod
     def backward(ctx, do, d_final):
-        q, w, v, g, beta, initial_state, *buffers = ctx.saved_tensors
-        saved = dict(zip(ctx.names, buffers), layout=ctx.layout)
-        dq, dw, dv, dg, dbeta, d_initial = chunk_backward(
-            do, d_final, q, w, v, g, beta, initial_state, saved, erase=ctx.erase, scale=ctx.scale
+        q, k, w, v, g, beta, initial_state, *buffers = ctx.saved_tensors
+        saved = dict(zip(ctx.names, buffers, strict=True), layout=ctx.layout)
+        dq, dk, dw, dv, dg, dbeta, d_initial = chunk_backward(
+            do, d_final, q, k, w, v, g, beta, initial_state, saved, erase=ctx.erase, scale=ctx.scale
         )
         if d_initial is not None:
             d_initial = d_initial.to(initial_state.dtype)
-        return dq, dw, dv, dg, dbeta, d_initial, None, None, None, None
+        return dq, dk, dw, dv, dg, dbeta, d_initial, None, None, None, None
 
 
 def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None):
-    """Same arguments and results as ``recurrence_reference`` for ``e is w`` (tied) or ``e is None``, with
-    autograd. Inputs must be validated already (``ops`` does); K and V up to 256."""
-    if e is not None and e is not w:
-        raise NotImplementedError("chunk_recurrence: a decoupled erase direction (e is not w) is not supported yet")
-    return ChunkRecurrence.apply(q, w, v, g, beta, initial_state, e is not None, scale, output_final_state,
-                                 cu_seqlens)  # fmt: skip
+    """Same arguments and results as ``recurrence_reference`` (``e is w``: tied; None: no erase), with autograd.
+    Inputs must be validated already (``ops`` does); K and V up to 256."""
+    if e is None or e is w:
+        return ChunkRecurrence.apply(q, w, None, v, g, beta, initial_state, e is not None, scale, output_final_state,
+                                     cu_seqlens)  # fmt: skip
+    return ChunkRecurrence.apply(q, e, w, v, g, beta, initial_state, True, scale, output_final_state, cu_seqlens)

@@ -42,12 +42,13 @@ from linrnn.kernels.triton.chunk_fwd import (
 
 @triton.jit
 def chunk_state_bwd_kernel(
-    q, k, G, W_s, A_qk, do, dU, dstates, d_initial, d_final, cu_seqlens, chunk_offsets, scale,
+    q, k, w, G, W_s, A_qk, A_qw, do, dU, dX, dstates, d_initial, d_final, cu_seqlens, chunk_offsets, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, USE_FINAL_GRAD: tl.constexpr,
-    PREC: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
+    USE_FINAL_GRAD: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Reverse over one sequence's chunks; stores dS' (the gradient of each chunk's end state) and dU."""
+    """Reverse over one sequence's chunks; stores dS' (the gradient of each chunk's end state) and dU.
+    Decoupled, also ``dX = A_qwᵀ dO + (W ⊙ Γ_C/Γ) dS'``, the gradient of the write values X = Diag(β) V."""
     vb, nh = tl.program_id(0), tl.program_id(1)
     n, h = nh // H, nh % H
     bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
@@ -76,10 +77,18 @@ def chunk_state_bwd_kernel(
         du = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
         du += tl.dot(k_t.to(dtype), dstate.to(dtype), input_precision=PREC)
         tl.store(_tile(dU, bos, length, h, c, vb * BV, H, V, BT, BV), du, boundary_check=(0, 1))
+        if DECOUPLED:
+            w_t = tl.load(_tile(w, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+            if DECAY != DECAY_NONE:
+                w_t *= tl.exp(g_last[None, :] - g_t)
+            a_t = tl.load(_tile(A_qw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+            dx = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
+            dx += tl.dot(w_t.to(dtype), dstate.to(dtype), input_precision=PREC)
+            tl.store(_tile(dX, bos, length, h, c, vb * BV, H, V, BT, BV), dx, boundary_check=(0, 1))
         update = tl.dot(tl.trans(q_t).to(dtype), do_t.to(dtype), input_precision=PREC)
         if ERASE:
-            w_t = tl.load(_tile(W_s, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1))
-            update -= tl.dot(tl.trans(w_t).to(dtype), du.to(dtype), input_precision=PREC)
+            ws_t = tl.load(_tile(W_s, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1))
+            update -= tl.dot(tl.trans(ws_t).to(dtype), du.to(dtype), input_precision=PREC)
         if DECAY != DECAY_NONE:
             dstate *= tl.exp(g_last)[:, None]
         dstate += update
@@ -89,13 +98,17 @@ def chunk_state_bwd_kernel(
 
 @triton.jit
 def chunk_bwd_main_kernel(
-    k, v, beta, G, T, states, dstates, U, dU, do, dq, dk_minus, dW_s, dA_qk, dT, dv, dbeta, dG_last,
-    cu_seqlens, chunk_index, scale,
+    k, w, v, beta, G, T, A_kw, states, dstates, U, dU, dX, do, dq, dk_minus, dw_minus, dW_s, dA_qk, dA_qw, dT, dP,
+    dv, dbeta, dG_last, cu_seqlens, chunk_index, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Per chunk and K block, summing over V: dQ̂ (stored as its part of dq), dǨ (its part of dk₋), dW_s, the
-    last step's dG; the first K block also dA_qk, dT, dv and the V part of dβ."""
+    last step's dG; the first K block also dA_qk, dT, dv and the V part of dβ.
+
+    Decoupled (write key w, write values X = Diag(β) V, ``U_v = T P V``, ``P = −Diag(β) A_kw Diag(β)``): also
+    ``dW̌ = X dS'ᵀ`` (the part of dw), ``dA_qw = dO Xᵀ``, ``dP = (Tᵀ dU) Vᵀ``, ``dT += dU (P V)ᵀ`` and
+    ``dv = Diag(β) dX + Pᵀ Tᵀ dU``."""
     kb, i, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     dtype = states.dtype.element_ty
@@ -103,6 +116,9 @@ def chunk_bwd_main_kernel(
     b = _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)
     d_qhat = tl.zeros([BT, BK], dtype=tl.float32)
     d_kcheck = tl.zeros([BT, BK], dtype=tl.float32)
+    d_wcheck = tl.zeros([BT, BK], dtype=tl.float32)
+    d_aqw = tl.zeros([BT, BT], dtype=tl.float32)
+    d_p = tl.zeros([BT, BT], dtype=tl.float32)
     d_ws = tl.zeros([BT, BK], dtype=tl.float32)
     d_last = tl.zeros([BK], dtype=tl.float32)
     d_aqk = tl.zeros([BT, BT], dtype=tl.float32)
@@ -110,6 +126,9 @@ def chunk_bwd_main_kernel(
     d_beta = tl.zeros([BT], dtype=tl.float32)
     if ERASE:
         t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    if DECOUPLED:
+        p_tile = -(b[:, None] * tl.load(_tile(A_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+                   * b[None, :])  # fmt: skip
     for vb in range(0, tl.cdiv(V, BV)):
         s_t = tl.load(tl.make_block_ptr(states + state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
                       boundary_check=(0, 1))  # fmt: skip
@@ -127,16 +146,29 @@ def chunk_bwd_main_kernel(
         d_last += tl.sum(s_t.to(tl.float32) * ds_t.to(tl.float32), axis=1)
         if ERASE:
             d_ws -= tl.dot(du_t.to(dtype), tl.trans(s_t), input_precision=PREC)
+        if DECOUPLED:
+            x_t = v_t * b[:, None]
+            d_wcheck += tl.dot(x_t.to(dtype), tl.trans(ds_t), input_precision=PREC)
         if kb == 0:
             d_aqk += tl.dot(do_t, tl.trans(u_t), input_precision=PREC)
-            if ERASE:
-                d_t += tl.dot(du_t, tl.trans(v_t * b[:, None]), input_precision=PREC)
-                d_bv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # d(βV)
+            if DECOUPLED:
+                d_aqw += tl.dot(do_t, tl.trans(x_t), input_precision=PREC)
+                d_pv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # d(P V)
+                d_t += tl.dot(du_t, tl.trans(tl.dot(p_tile, v_t, input_precision=PREC)), input_precision=PREC)
+                d_p += tl.dot(d_pv, tl.trans(v_t), input_precision=PREC)
+                d_x = tl.load(_tile(dX, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+                d_v = d_x * b[:, None] + tl.dot(tl.trans(p_tile), d_pv, input_precision=PREC)
+                d_beta += tl.sum(v_t * d_x, axis=1)
             else:
-                d_bv = du_t
-            tl.store(_tile(dv, bos, length, h, c, vb * BV, H, V, BT, BV), (d_bv * b[:, None]).to(dv.dtype.element_ty),
+                if ERASE:
+                    d_t += tl.dot(du_t, tl.trans(v_t * b[:, None]), input_precision=PREC)
+                    d_bv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # d(βV)
+                else:
+                    d_bv = du_t
+                d_v = d_bv * b[:, None]
+                d_beta += tl.sum(v_t * d_bv, axis=1)
+            tl.store(_tile(dv, bos, length, h, c, vb * BV, H, V, BT, BV), d_v.to(dv.dtype.element_ty),
                      boundary_check=(0, 1))  # fmt: skip
-            d_beta += tl.sum(v_t * d_bv, axis=1)
     if kb == 0:
         rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
         # stored times scale: the gradient of the pairwise product of q and k, scale taken out
@@ -144,33 +176,45 @@ def chunk_bwd_main_kernel(
                  boundary_check=(0, 1))  # fmt: skip
         if ERASE:
             tl.store(_tile(dT, bos, length, h, c, 0, H, BT, BT, BT), d_t, boundary_check=(0, 1))
+        if DECOUPLED:
+            tl.store(_tile(dA_qw, bos, length, h, c, 0, H, BT, BT, BT), tl.where(rows >= cols, d_aqw * scale, 0.0),
+                     boundary_check=(0, 1))  # fmt: skip
+            tl.store(_tile(dP, bos, length, h, c, 0, H, BT, BT, BT), d_p, boundary_check=(0, 1))
         if HAS_BETA:
             t_idx = tl.arange(0, BT)
             tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
     d_q = d_qhat * scale
     d_km = d_kcheck
+    d_wm = d_wcheck
     if DECAY != DECAY_NONE:
         g_t, g_last = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
         d_q *= tl.exp(g_t)
         to_end = tl.exp(g_last[None, :] - g_t)
         d_km *= to_end
+        d_wm *= to_end
         k_t = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
-        d_last = tl.exp(g_last) * d_last + tl.sum(k_t * to_end * d_kcheck, axis=0)
+        d_last = tl.exp(g_last) * d_last + tl.sum(k_t * d_km, axis=0)
+        if DECOUPLED:
+            w_t = tl.load(_tile(w, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+            d_last += tl.sum(w_t * d_wm, axis=0)
         k_idx = kb * BK + tl.arange(0, BK)
         tl.store(dG_last + (i * H + h).to(tl.int64) * K + k_idx, d_last, mask=k_idx < K)
     tl.store(_tile(dq, bos, length, h, c, kb * BK, H, K, BT, BK), d_q, boundary_check=(0, 1))
     tl.store(_tile(dk_minus, bos, length, h, c, kb * BK, H, K, BT, BK), d_km, boundary_check=(0, 1))
     if ERASE:
         tl.store(_tile(dW_s, bos, length, h, c, kb * BK, H, K, BT, BK), d_ws, boundary_check=(0, 1))
+    if DECOUPLED:
+        tl.store(_tile(dw_minus, bos, length, h, c, kb * BK, H, K, BT, BK), d_wm, boundary_check=(0, 1))
 
 
 @triton.jit
 def chunk_bwd_wy_kernel(
-    k, beta, G, T, A_kk, dW_s, dT, dbeta, dk_plus, dA_kk, cu_seqlens, chunk_index,
+    k, beta, G, T, A_kk, A_kw, dW_s, dT, dP, dbeta, dk_plus, dA_kk, dA_kw, cu_seqlens, chunk_index,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    DECAY: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
+    DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Gradients through ``W_s = T Diag(β) K̂`` and ``T = (I + Diag(β) A_kk)⁻¹``: dk₊ (from K̂), dA_kk, dβ."""
+    """Gradients through ``W_s = T Diag(β) K̂`` and ``T = (I + Diag(β) A_kk)⁻¹``: dk₊ (from K̂), dA_kk, dβ;
+    decoupled, also through ``P = −Diag(β) A_kw Diag(β)``: dA_kw and its part of dβ."""
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
@@ -201,17 +245,27 @@ def chunk_bwd_wy_kernel(
     if HAS_BETA:
         a_kk = tl.load(_tile(A_kk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
         d_beta += tl.sum(tl.where(rows > cols, d_m * a_kk, 0.0), axis=1)
+    if DECOUPLED:
+        d_p = tl.where(rows > cols, tl.load(_tile(dP, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1)), 0.0)
+        tl.store(_tile(dA_kw, bos, length, h, c, 0, H, BT, BT, BT), -(b[:, None] * d_p * b[None, :]),
+                 boundary_check=(0, 1))  # fmt: skip
+        if HAS_BETA:
+            terms = -d_p * tl.load(_tile(A_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+            d_beta += tl.sum(terms * b[None, :], axis=1) + tl.sum(terms * b[:, None], axis=0)
+    if HAS_BETA:
         tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
 
 
 @triton.jit
 def chunk_bwd_intra_kernel(
-    q, k, G, dA_qk, dA_kk, dq_part, dk_minus, dk_plus, dq, dk, dG, cu_seqlens, chunk_index,
+    q, k, w, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dG,
+    cu_seqlens, chunk_index,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, PREC: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Gradients through ``A_qk`` (``dA_qk`` comes with the scale applied) and ``A_kk``, added to the parts from the other kernels:
-    dq, dk (inputs' dtypes) and dG (fp32; per head ``[TT, H]``, per channel ``[TT, H, K]``)."""
+    """Gradients through ``A_qk`` (``dA_qk`` comes with the scale applied) and ``A_kk``, added to the parts from
+    the other kernels: dq, dk (inputs' dtypes) and dG (fp32; per head ``[TT, H]``, per channel ``[TT, H, K]``).
+    Decoupled, also through ``A_qw`` and ``A_kw`` (w in the columns): dw, every use of w being a column one."""
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     if DECAY != DECAY_CHANNEL:
@@ -220,13 +274,22 @@ def chunk_bwd_intra_kernel(
         d_akk = tl.zeros([BT, BT], dtype=tl.float32)
         if ERASE:
             d_akk = tl.load(_tile(dA_kk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        d_aqw = tl.zeros([BT, BT], dtype=tl.float32)
+        d_akw = tl.zeros([BT, BT], dtype=tl.float32)
+        if DECOUPLED:
+            d_aqw = tl.load(_tile(dA_qw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+            d_akw = tl.load(_tile(dA_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
         if DECAY == DECAY_HEAD:
             g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
             ratio = tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))
             d_aqk *= ratio
             d_akk *= ratio
+            d_aqw *= ratio
+            d_akw *= ratio
         d_aqk = tl.where(rows >= cols, d_aqk, 0.0)
         d_akk = tl.where(rows > cols, d_akk, 0.0)
+        d_aqw = tl.where(rows >= cols, d_aqw, 0.0)
+        d_akw = tl.where(rows > cols, d_akw, 0.0)
         d_g = tl.zeros([BT], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
             q_t = tl.load(_tile(q, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
@@ -240,12 +303,23 @@ def chunk_bwd_intra_kernel(
                 d_kp += tl.load(_tile(dk_plus, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
                 d_kp += tl.dot(d_akk, k_t, input_precision=PREC)
                 d_km += tl.dot(tl.trans(d_akk), k_t, input_precision=PREC)
+            if DECOUPLED:
+                w_t = tl.load(_tile(w, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+                d_q += tl.dot(d_aqw, w_t, input_precision=PREC)
+                d_kp += tl.dot(d_akw, w_t, input_precision=PREC)
+                d_wm = tl.load(_tile(dw_minus, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+                d_wm += tl.dot(tl.trans(d_aqw), q_t, input_precision=PREC)
+                d_wm += tl.dot(tl.trans(d_akw), k_t, input_precision=PREC)
+                tl.store(_tile(dw, bos, length, h, c, kb * BK, H, K, BT, BK), d_wm.to(dw.dtype.element_ty),
+                         boundary_check=(0, 1))  # fmt: skip
             tl.store(_tile(dq, bos, length, h, c, kb * BK, H, K, BT, BK), d_q.to(dq.dtype.element_ty),
                      boundary_check=(0, 1))  # fmt: skip
             tl.store(_tile(dk, bos, length, h, c, kb * BK, H, K, BT, BK), (d_kp + d_km).to(dk.dtype.element_ty),
                      boundary_check=(0, 1))  # fmt: skip
             if DECAY == DECAY_HEAD:
                 d_g += tl.sum(q_t * d_q + k_t * (d_kp - d_km), axis=1)
+                if DECOUPLED:
+                    d_g -= tl.sum(w_t * d_wm, axis=1)
         if DECAY == DECAY_HEAD:
             t_idx = tl.arange(0, BT)
             tl.store(dG + (bos + c * BT + t_idx) * H + h, d_g, mask=t_idx < valid)
@@ -262,6 +336,9 @@ def chunk_bwd_intra_kernel(
         qh, kh, gh = q + (bos * H + h) * K, k + (bos * H + h) * K, G + (bos * H + h) * K
         a_qk = dA_qk + (bos * H + h) * BT
         a_kk = dA_kk + (bos * H + h) * BT if ERASE else dA_kk
+        if DECOUPLED:
+            wh = w + (bos * H + h) * K
+            a_qw, a_kw = dA_qw + (bos * H + h) * BT, dA_kw + (bos * H + h) * BT
         k_idx = kb * BK + tl.arange(0, BK)
         k_mask = k_idx < K
         origin = (c * BT + r0, kb * BK)
@@ -274,6 +351,7 @@ def chunk_bwd_intra_kernel(
         d_q = tl.zeros([BC, BK], dtype=tl.float32)
         d_kp = tl.zeros([BC, BK], dtype=tl.float32)
         d_km = tl.zeros([BC, BK], dtype=tl.float32)
+        d_wm = tl.zeros([BC, BK], dtype=tl.float32)
         if s > 0:  # rows of block s against the columns before it, through G_ref = G[r0 − 1]
             g_ref = tl.load(gh + (c * BT + r0 - 1) * row_stride + k_idx, mask=k_mask, other=0)
             acc_q = tl.zeros([BC, BK], dtype=tl.float32)
@@ -291,12 +369,22 @@ def chunk_bwd_intra_kernel(
                     block = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), (c * BT + r0, b * BC), (BC, BC),
                                               (1, 0))  # fmt: skip
                     acc_k += tl.dot(tl.load(block, boundary_check=(0, 1)), k_right, input_precision=PREC)
+                if DECOUPLED:
+                    w_b = tl.load(tl.make_block_ptr(wh, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
+                                  boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+                    w_right = w_b * tl.exp(g_ref[None, :] - g_b)
+                    origin_sb = (c * BT + r0, b * BC)
+                    block = tl.make_block_ptr(a_qw, (length, BT), (H * BT, 1), origin_sb, (BC, BC), (1, 0))
+                    acc_q += tl.dot(tl.load(block, boundary_check=(0, 1)), w_right, input_precision=PREC)
+                    block = tl.make_block_ptr(a_kw, (length, BT), (H * BT, 1), origin_sb, (BC, BC), (1, 0))
+                    acc_k += tl.dot(tl.load(block, boundary_check=(0, 1)), w_right, input_precision=PREC)
             left = tl.exp(tl.where(row_valid, g_s - g_ref[None, :], 0.0))
             d_q += acc_q * left
             d_kp += acc_k * left
         if r0 + BC < valid:  # columns of block s against the rows after it, through G_ref = G[r0 + BC − 1]
             g_ref = tl.load(gh + (c * BT + r0 + BC - 1) * row_stride + k_idx, mask=k_mask, other=0)
             acc = tl.zeros([BC, BK], dtype=tl.float32)
+            acc_w = tl.zeros([BC, BK], dtype=tl.float32)
             for a in range(s + 1, NC):
                 origin_a = (c * BT + a * BC, kb * BK)
                 q_a = tl.load(tl.make_block_ptr(qh, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
@@ -312,13 +400,31 @@ def chunk_bwd_intra_kernel(
                     block = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), (c * BT + a * BC, r0), (BC, BC),
                                               (1, 0))  # fmt: skip
                     acc += tl.dot(tl.trans(tl.load(block, boundary_check=(0, 1))), k_a * factor, input_precision=PREC)
+                if DECOUPLED:
+                    k_a = tl.load(tl.make_block_ptr(kh, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
+                                  boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+                    origin_as = (c * BT + a * BC, r0)
+                    block = tl.make_block_ptr(a_qw, (length, BT), (H * BT, 1), origin_as, (BC, BC), (1, 0))
+                    acc_w += tl.dot(tl.trans(tl.load(block, boundary_check=(0, 1))), q_a * factor, input_precision=PREC)
+                    block = tl.make_block_ptr(a_kw, (length, BT), (H * BT, 1), origin_as, (BC, BC), (1, 0))
+                    acc_w += tl.dot(tl.trans(tl.load(block, boundary_check=(0, 1))), k_a * factor, input_precision=PREC)
             d_km += acc * tl.exp(g_ref[None, :] - g_s)
+            d_wm += acc_w * tl.exp(g_ref[None, :] - g_s)
         block = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), (c * BT + r0, r0), (BC, BC), (1, 0))
         d_aqk = tl.where(rows >= cols, tl.load(block, boundary_check=(0, 1)), 0.0)
         d_akk = tl.zeros([BC, BC], dtype=tl.float32)
         if ERASE:
             block = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), (c * BT + r0, r0), (BC, BC), (1, 0))
             d_akk = tl.where(rows > cols, tl.load(block, boundary_check=(0, 1)), 0.0)
+        d_aqw = tl.zeros([BC, BC], dtype=tl.float32)
+        d_akw = tl.zeros([BC, BC], dtype=tl.float32)
+        if DECOUPLED:
+            block = tl.make_block_ptr(a_qw, (length, BT), (H * BT, 1), (c * BT + r0, r0), (BC, BC), (1, 0))
+            d_aqw = tl.where(rows >= cols, tl.load(block, boundary_check=(0, 1)), 0.0)
+            block = tl.make_block_ptr(a_kw, (length, BT), (H * BT, 1), (c * BT + r0, r0), (BC, BC), (1, 0))
+            d_akw = tl.where(rows > cols, tl.load(block, boundary_check=(0, 1)), 0.0)
+            w_s = tl.load(tl.make_block_ptr(wh, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0)),
+                          boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
         for j in range(0, BC):  # the diagonal block, column j: exact ratios Γ_r/Γ_j for r ≥ j
             t_j = c * BT + r0 + j
             j_mask = k_mask & (r0 + j < valid)
@@ -331,6 +437,14 @@ def chunk_bwd_intra_kernel(
             d_kp += col_k * k_j[None, :] * ratio
             row_j = tl.sum((col_q * q_s + col_k * k_s) * ratio, axis=0)
             d_km += tl.where(rows == j, row_j[None, :], 0.0)
+            if DECOUPLED:
+                w_j = tl.load(wh + t_j * row_stride + k_idx, mask=j_mask, other=0).to(tl.float32)
+                col_qw = tl.sum(tl.where(cols == j, d_aqw, 0.0), axis=1)[:, None]
+                col_kw = tl.sum(tl.where(cols == j, d_akw, 0.0), axis=1)[:, None]
+                d_q += col_qw * w_j[None, :] * ratio
+                d_kp += col_kw * w_j[None, :] * ratio
+                row_j = tl.sum((col_qw * q_s + col_kw * k_s) * ratio, axis=0)
+                d_wm += tl.where(rows == j, row_j[None, :], 0.0)
         part = tl.make_block_ptr(dq_part + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
         d_q += tl.load(part, boundary_check=(0, 1))
         part = tl.make_block_ptr(dk_minus + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK),
@@ -344,5 +458,13 @@ def chunk_bwd_intra_kernel(
         tl.store(out, d_q.to(dq.dtype.element_ty), boundary_check=(0, 1))
         out = tl.make_block_ptr(dk + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
         tl.store(out, (d_kp + d_km).to(dk.dtype.element_ty), boundary_check=(0, 1))
+        d_g = q_s * d_q + k_s * (d_kp - d_km)
+        if DECOUPLED:
+            part = tl.make_block_ptr(dw_minus + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK),
+                                     (1, 0))  # fmt: skip
+            d_wm += tl.load(part, boundary_check=(0, 1))
+            out = tl.make_block_ptr(dw + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
+            tl.store(out, d_wm.to(dw.dtype.element_ty), boundary_check=(0, 1))
+            d_g -= w_s * d_wm
         out = tl.make_block_ptr(dG + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
-        tl.store(out, q_s * d_q + k_s * (d_kp - d_km), boundary_check=(0, 1))
+        tl.store(out, d_g, boundary_check=(0, 1))

@@ -69,11 +69,12 @@ def chunk_cumsum_kernel(
 
 @triton.jit
 def chunk_intra_kernel(
-    q, k, G, A_qk, A_kk, cu_seqlens, chunk_index, scale,
+    q, k, w, G, A_qk, A_kk, A_qw, A_kw, cu_seqlens, chunk_index, scale,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, PREC: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``A_qk`` (scale included, diagonal included) and ``A_kk`` (strict), fp32 ``[TT, H, BT]``.
+    """``A_qk`` (scale included, diagonal included) and ``A_kk`` (strict), fp32 ``[TT, H, BT]``; k is the erase
+    direction. ``DECOUPLED`` (a write key w ≠ k) adds ``A_qw`` (scale and diagonal included) and ``A_kw`` (strict).
 
     Per-channel decay: one program per 16 × 16 block (axis 2); otherwise one per chunk."""
     i, h = tl.program_id(0), tl.program_id(1)
@@ -82,10 +83,15 @@ def chunk_intra_kernel(
     q, k = q + (bos * H + h) * K, k + (bos * H + h) * K
     a_qk = A_qk + (bos * H + h) * BT
     a_kk = A_kk + (bos * H + h) * BT if ERASE else A_kk
+    if DECOUPLED:
+        w = w + (bos * H + h) * K
+        a_qw, a_kw = A_qw + (bos * H + h) * BT, A_kw + (bos * H + h) * BT
 
     if DECAY != DECAY_CHANNEL:
         qk = tl.zeros([BT, BT], dtype=tl.float32)
         kk = tl.zeros([BT, BT], dtype=tl.float32)
+        qw = tl.zeros([BT, BT], dtype=tl.float32)
+        kw = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
             q_t = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
                           boundary_check=(0, 1))  # fmt: skip
@@ -94,19 +100,30 @@ def chunk_intra_kernel(
             qk += tl.dot(q_t, tl.trans(k_t), input_precision=PREC)
             if ERASE:
                 kk += tl.dot(k_t, tl.trans(k_t), input_precision=PREC)
+            if DECOUPLED:
+                w_t = tl.load(tl.make_block_ptr(w, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
+                              boundary_check=(0, 1))  # fmt: skip
+                qw += tl.dot(q_t, tl.trans(w_t), input_precision=PREC)
+                kw += tl.dot(k_t, tl.trans(w_t), input_precision=PREC)
         rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
         if DECAY == DECAY_HEAD:
             g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
             ratio = tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
             qk *= ratio
             kk *= ratio
-        qk = tl.where(rows >= cols, qk * scale, 0.0)
-        kk = tl.where(rows > cols, kk, 0.0)
-        out = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), (c * BT, 0), (BT, BT), (1, 0))
-        tl.store(out, qk, boundary_check=(0, 1))
+            qw *= ratio
+            kw *= ratio
+        origin = (c * BT, 0)
+        out = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
+        tl.store(out, tl.where(rows >= cols, qk * scale, 0.0), boundary_check=(0, 1))
         if ERASE:
-            out = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), (c * BT, 0), (BT, BT), (1, 0))
-            tl.store(out, kk, boundary_check=(0, 1))
+            out = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
+            tl.store(out, tl.where(rows > cols, kk, 0.0), boundary_check=(0, 1))
+        if DECOUPLED:
+            out = tl.make_block_ptr(a_qw, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
+            tl.store(out, tl.where(rows >= cols, qw * scale, 0.0), boundary_check=(0, 1))
+            out = tl.make_block_ptr(a_kw, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
+            tl.store(out, tl.where(rows > cols, kw, 0.0), boundary_check=(0, 1))
     else:
         NC: tl.constexpr = BT // BC
         a, b = tl.program_id(2) // NC, tl.program_id(2) % NC
@@ -117,6 +134,8 @@ def chunk_intra_kernel(
         g = G + (bos * H + h) * K
         qk = tl.zeros([BC, BC], dtype=tl.float32)
         kk = tl.zeros([BC, BC], dtype=tl.float32)
+        qw = tl.zeros([BC, BC], dtype=tl.float32)
+        kw = tl.zeros([BC, BC], dtype=tl.float32)
         if a > b:
             for kb in range(0, tl.cdiv(K, BK)):
                 k_idx = kb * BK + tl.arange(0, BK)
@@ -138,6 +157,12 @@ def chunk_intra_kernel(
                 qk += tl.dot((q_a * left).to(q_a.dtype), k_right, input_precision=PREC)
                 if ERASE:
                     kk += tl.dot((k_a * left).to(k_a.dtype), k_right, input_precision=PREC)
+                if DECOUPLED:
+                    w_b = tl.load(tl.make_block_ptr(w, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
+                                  boundary_check=(0, 1))  # fmt: skip
+                    w_right = tl.trans(w_b * right).to(w_b.dtype)
+                    qw += tl.dot((q_a * left).to(q_a.dtype), w_right, input_precision=PREC)
+                    kw += tl.dot((k_a * left).to(k_a.dtype), w_right, input_precision=PREC)
         elif a == b:
             for kb in range(0, tl.cdiv(K, BK)):
                 k_idx = kb * BK + tl.arange(0, BK)
@@ -158,14 +183,25 @@ def chunk_intra_kernel(
                     qk += tl.where(cols == j, tl.sum(q_a * kr, axis=1)[:, None], 0.0)
                     if ERASE:
                         kk += tl.where(cols == j, tl.sum(k_a * kr, axis=1)[:, None], 0.0)
+                    if DECOUPLED:
+                        wr = tl.load(w + t_j * row_stride + k_idx, mask=j_mask, other=0).to(tl.float32)[None, :] * ratio
+                        qw += tl.where(cols == j, tl.sum(q_a * wr, axis=1)[:, None], 0.0)
+                        kw += tl.where(cols == j, tl.sum(k_a * wr, axis=1)[:, None], 0.0)
             qk = tl.where(rows >= cols, qk, 0.0)
             kk = tl.where(rows > cols, kk, 0.0)
+            qw = tl.where(rows >= cols, qw, 0.0)
+            kw = tl.where(rows > cols, kw, 0.0)
         origin = (c * BT + a * BC, b * BC)
         out = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), origin, (BC, BC), (1, 0))
         tl.store(out, qk * scale, boundary_check=(0, 1))
         if ERASE:
             out = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), origin, (BC, BC), (1, 0))
             tl.store(out, kk, boundary_check=(0, 1))
+        if DECOUPLED:
+            out = tl.make_block_ptr(a_qw, (length, BT), (H * BT, 1), origin, (BC, BC), (1, 0))
+            tl.store(out, qw * scale, boundary_check=(0, 1))
+            out = tl.make_block_ptr(a_kw, (length, BT), (H * BT, 1), origin, (BC, BC), (1, 0))
+            tl.store(out, kw, boundary_check=(0, 1))
 
 
 @triton.jit
@@ -287,11 +323,12 @@ def _beta(beta, bos, h, start, valid, H: tl.constexpr, N: tl.constexpr, HAS_BETA
 
 @triton.jit
 def chunk_wu_kernel(
-    k, v, beta, G, T, W_s, U_v, cu_seqlens, chunk_index,
+    k, v, beta, G, T, A_kw, W_s, U_v, cu_seqlens, chunk_index,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
+    DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``W_s = T Diag(β) (K ⊙ Γ)`` ``[TT, H, K]`` and ``U_v = T Diag(β) V`` ``[TT, H, V]`` (fp32)."""
+    """``W_s = T Diag(β) (K ⊙ Γ)`` ``[TT, H, K]`` (k: the erase direction) and ``U_v = T Diag(β) V``
+    ``[TT, H, V]`` (fp32); decoupled, ``U_v = T P V`` with ``P = −Diag(β) A_kw Diag(β)``."""
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
@@ -305,22 +342,26 @@ def chunk_wu_kernel(
         w_t = tl.dot(t_tile, k_t, input_precision=PREC)
         tl.store(_tile(W_s, bos, length, h, c, kb * BK, H, K, BT, BK), w_t.to(W_s.dtype.element_ty),
                  boundary_check=(0, 1))  # fmt: skip
+    if DECOUPLED:
+        a_kw = tl.load(_tile(A_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        t_tile = tl.dot(t_tile, -(b * a_kw * tl.trans(b)), input_precision=PREC)  # T P
     for vb in range(0, tl.cdiv(V, BV)):
         v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
-        u_t = tl.dot(t_tile, v_t * b, input_precision=PREC)
+        u_t = tl.dot(t_tile, v_t if DECOUPLED else v_t * b, input_precision=PREC)
         tl.store(_tile(U_v, bos, length, h, c, vb * BV, H, V, BT, BV), u_t.to(U_v.dtype.element_ty),
                  boundary_check=(0, 1))  # fmt: skip
 
 
 @triton.jit
 def chunk_state_fwd_kernel(
-    k, v, beta, G, W_s, U_v, U, states, initial_state, final_state, cu_seqlens, chunk_offsets,
+    k, w, v, beta, G, W_s, U_v, U, states, initial_state, final_state, cu_seqlens, chunk_offsets,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Sequential over one sequence's chunks for one head and BV value columns; the ``[K, BV]`` state stays in
-    registers. Stores each chunk's start state (``states`` ``[NT, H, K, V]``) and, with erase, ``U = U_v − W_s S``."""
+    registers. Stores each chunk's start state (``states`` ``[NT, H, K, V]``) and, with erase, ``U = U_v − W_s S``.
+    Decoupled, the write ``(W ⊙ Γ_C/Γ)ᵀ Diag(β) V`` enters the state on its own."""
     vb, nh = tl.program_id(0), tl.program_id(1)
     n, h = nh // H, nh % H
     bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
@@ -352,17 +393,24 @@ def chunk_state_fwd_kernel(
             k_t *= tl.exp(g_last[None, :] - g_t)  # K ⊙ Γ_C/Γ
             state *= tl.exp(g_last)[:, None]
         state += tl.dot(tl.trans(k_t).to(dtype), u_t.to(dtype), input_precision=PREC)
+        if DECOUPLED:
+            w_t = tl.load(_tile(w, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+            if DECAY != DECAY_NONE:
+                w_t *= tl.exp(g_last[None, :] - g_t)
+            x_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+            x_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
+            state += tl.dot(tl.trans(w_t).to(dtype), x_t.to(dtype), input_precision=PREC)
     if STORE_FINAL_STATE:
         tl.store(final_state + (n * H + h).to(tl.int64) * K * V + state_offsets, state, mask=state_mask)
 
 
 @triton.jit
 def chunk_output_kernel(
-    q, v, beta, G, states, U, A_qk, o, cu_seqlens, chunk_index, scale,
+    q, v, beta, G, states, U, A_qk, A_qw, o, cu_seqlens, chunk_index, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``O = (scale Q ⊙ Γ) S + A_qk U`` for one chunk, head and BV value columns."""
+    """``O = (scale Q ⊙ Γ) S + A_qk U [+ A_qw Diag(β) V]`` for one chunk, head and BV value columns."""
     vb, i, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     dtype = states.dtype.element_ty
@@ -384,4 +432,9 @@ def chunk_output_kernel(
         if HAS_BETA:
             u_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
     out += tl.dot(a_t.to(dtype), u_t.to(dtype), input_precision=PREC)
+    if DECOUPLED:
+        x_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        x_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
+        a_t = tl.load(_tile(A_qw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        out += tl.dot(a_t.to(dtype), x_t.to(dtype), input_precision=PREC)
     tl.store(_tile(o, bos, length, h, c, vb * BV, H, V, BT, BV), out.to(o.dtype.element_ty), boundary_check=(0, 1))
