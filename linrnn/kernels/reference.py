@@ -87,12 +87,11 @@ def _loop(q, w, v, e, g, beta, scale, initial_state):
             decay = g[:, t].exp()  # [B, H] or [B, H, K]
             decay = decay[..., None, None] if decay.dim() == 2 else decay[..., None]
             state = decay * state
-        strength = None if beta is None else beta[:, t, :, None, None]  # [B, H, 1, 1]
+        strength = 1.0 if beta is None else beta[:, t, :, None, None]  # [B, H, 1, 1]
         if e is not None:
             recalled = torch.einsum("bhk,bhkv->bhv", e[:, t], state)
             state = state - strength * e[:, t, :, :, None] * recalled[:, :, None, :]
-        write = w[:, t, :, :, None] * v[:, t, :, None, :]  # [B, H, K, V]
-        state = state + (write if strength is None else strength * write)
+        state = state + strength * w[:, t, :, :, None] * v[:, t, :, None, :]
         outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, state))
     o = torch.stack(outputs, dim=1) if outputs else v.new_zeros(batch, 0, heads, value_dim)
     return o.to(out_dtype), state
