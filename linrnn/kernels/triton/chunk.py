@@ -66,7 +66,8 @@ class _Layout:
         within = torch.arange(self.num_chunks) - offsets[:-1].repeat_interleave(counts)
         self.chunk_index = torch.stack([sequence, within], dim=1).to(torch.int32).to(device)
         self.chunk_offsets = offsets.to(torch.int32).to(device)
-        self.decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
+        decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
+        self.decay = decay.value  # a plain int for the launches
         self.block_k = triton.next_power_of_2(self.key_dim)
         self.precision = "ieee" if q.dtype == torch.float32 else "tf32"
 
@@ -82,7 +83,7 @@ def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_fi
 
     G = None
     if g is not None:
-        channels = K if layout.decay == DECAY_CHANNEL else 1
+        channels = K if layout.decay == DECAY_CHANNEL.value else 1
         G = torch.empty(g.shape, dtype=torch.float32, device=device)
         chunk_cumsum_kernel[(NT, H)](
             g, G, None, **common, H=H, D=channels, BD=triton.next_power_of_2(channels), DE=1, BDE=1, BT=CHUNK,
@@ -93,7 +94,7 @@ def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_fi
     A_kk = torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device) if erase else None
     A_qw, A_kw = (torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device) for _ in range(2)) if decoupled \
         else (None, None)  # fmt: skip
-    per_channel = layout.decay == DECAY_CHANNEL
+    per_channel = layout.decay == DECAY_CHANNEL.value
     intra_grid = (NT, H, (CHUNK // SUB_CHUNK) ** 2 if per_channel else 1)
     chunk_intra_kernel[intra_grid](
         q, k, w, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
@@ -203,7 +204,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     dq, dk = new_output(q.shape, q.dtype, device), new_output(k.shape, k.dtype, device)
     dw = new_output(w.shape, w.dtype, device) if decoupled else None
     dG = torch.empty(g.shape, **f32) if g is not None else None
-    per_channel = decay == DECAY_CHANNEL
+    per_channel = decay == DECAY_CHANNEL.value
     intra_block_k = block_k if per_channel else min(128, layout.block_k)
     grid = (NT, H, (CHUNK // SUB_CHUNK) * triton.cdiv(K, intra_block_k) if per_channel else 1)
     chunk_bwd_intra_kernel[grid](

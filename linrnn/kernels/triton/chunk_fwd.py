@@ -30,7 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = 0, 1, 2
+# Kernels read module globals only as constexpr.
+DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
