@@ -299,10 +299,10 @@ def load_decay(G, bos, h, c, valid, k0, H: tl.constexpr, K: tl.constexpr, BT: tl
     if DECAY == DECAY_HEAD:
         g_t = tl.load(G + t * H + h, mask=rows < valid, other=0)
         g_last = tl.load(G + last * H + h + tl.zeros([1], dtype=tl.int64))
-        return tl.where(rows < valid, g_t, g_last[None, :]), g_last
-    k_idx = k0 + tl.arange(0, BK)
-    g_t = tl.load(G + (t * H + h) * K + k_idx[None, :], mask=(rows < valid) & (k_idx[None, :] < K), other=0)
-    g_last = tl.load(G + (last * H + h) * K + k_idx, mask=k_idx < K, other=0)
+    else:
+        k_idx = k0 + tl.arange(0, BK)
+        g_t = tl.load(G + (t * H + h) * K + k_idx[None, :], mask=(rows < valid) & (k_idx[None, :] < K), other=0)
+        g_last = tl.load(G + (last * H + h) * K + k_idx, mask=k_idx < K, other=0)
     return tl.where(rows < valid, g_t, g_last[None, :]), g_last
 
 
@@ -310,7 +310,8 @@ def load_decay(G, bos, h, c, valid, k0, H: tl.constexpr, K: tl.constexpr, BT: tl
 def _tile(x, bos, length, h, c, col0, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """Block pointer to rows ``c·BT ..`` and columns ``col0 ..`` of ``x`` ``[TT, H, D]`` for head h, bounded by
     the sequence."""
-    return tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, col0), (BT, BD), (1, 0))
+    return tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), ((c * BT).to(tl.int32), col0), (BT, BD),
+                             (1, 0))  # fmt: skip
 
 
 @triton.jit
