@@ -37,6 +37,8 @@ from linrnn.kernels.triton.chunk_fwd import (
 
 CHUNK = 64
 SUB_CHUNK = 16
+MAX_BLOCK = 256  # K up to 256: the state kernels hold all of K
+STATE_STAGES = 2  # software pipelining of the sequential state kernels (3 overflows shared memory at K = 256)
 
 
 def new_output(shape, dtype, device) -> Tensor:
@@ -68,7 +70,7 @@ class _Layout:
         self.chunk_offsets = offsets.to(torch.int32).to(device)
         decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
         self.decay = decay.value  # a plain int for the launches
-        self.block_k = triton.next_power_of_2(self.key_dim)
+        self.block_k = _block(self.key_dim, MAX_BLOCK)
         self.precision = "ieee" if q.dtype == torch.float32 else "tf32"
 
 
@@ -98,7 +100,7 @@ def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_fi
     intra_grid = (NT, H, (CHUNK // SUB_CHUNK) ** 2 if per_channel else 1)
     chunk_intra_kernel[intra_grid](
         q, k, w, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
-        BK=min(64, layout.block_k) if per_channel else min(128, layout.block_k),
+        BK=_block(K, 64),
         DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision,
     )  # fmt: skip
 
@@ -110,8 +112,8 @@ def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_fi
         W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
         U_v = torch.empty(TT, H, V, dtype=torch.float32, device=device)
         chunk_wu_kernel[(NT, H)](
-            k, v, beta, G, T, A_kw, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BK=min(64, layout.block_k),
-            BV=min(64, triton.next_power_of_2(V)), DECAY=layout.decay, HAS_BETA=has_beta, DECOUPLED=decoupled,
+            k, v, beta, G, T, A_kw, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, 64),
+            BV=_block(V, 64), DECAY=layout.decay, HAS_BETA=has_beta, DECOUPLED=decoupled,
             PREC=layout.precision,
         )  # fmt: skip
         U = torch.empty(TT, H, V, dtype=dtype, device=device)
@@ -125,24 +127,30 @@ def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_fi
         k, w, v, beta, G, W_s, U_v, U, states, initial_state, final, layout.cu_seqlens, layout.chunk_offsets,
         H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=layout.decay, ERASE=erase,
         HAS_BETA=has_beta, DECOUPLED=decoupled, USE_INITIAL_STATE=initial_state is not None,
-        STORE_FINAL_STATE=output_final_state, PREC=layout.precision,
+        STORE_FINAL_STATE=output_final_state, PREC=layout.precision, num_stages=STATE_STAGES,
     )  # fmt: skip
     del U_v
 
     o = new_output(v.shape, v.dtype, device)
-    block_v = min(64, triton.next_power_of_2(V))
+    block_v = _block(V, 64)
     chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
         q, v, beta, G, states, U, A_qk, A_qw, o, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK,
-        BK=min(64, layout.block_k), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
+        BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
         DECOUPLED=decoupled, PREC=layout.precision,
     )  # fmt: skip
     saved = dict(layout=layout, G=G, A_qk=A_qk, A_kk=A_kk, A_qw=A_qw, A_kw=A_kw, T=T, W_s=W_s, U=U, states=states)
     return o, final, saved
 
 
+def _block(size: int, cap: int) -> int:
+    """Tile width for a dimension: a power of two, at least 16 (the smallest matmul tile), at most ``cap``."""
+    return max(16, min(cap, triton.next_power_of_2(size)))
+
+
 def _state_block_v(layout: _Layout) -> int:
-    """Value columns per state-pass program: enough programs to fill the GPU, at most 64 columns."""
-    block_v = min(64, triton.next_power_of_2(layout.value_dim))
+    """Value columns per state-pass program: enough programs to fill the GPU, at most 32 columns (64 with K ≤ 64);
+    the whole ``[K, BV]`` state sits in registers and its matmul operands in shared memory."""
+    block_v = _block(layout.value_dim, 64 if layout.key_dim <= 64 else 32)
     while block_v > 16 and layout.sequences * layout.heads * triton.cdiv(layout.value_dim, block_v) < 256:
         block_v //= 2
     return block_v
@@ -172,6 +180,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         None if d_final is None else d_final.contiguous(), layout.cu_seqlens, layout.chunk_offsets, scale,
         H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_GRAD=d_final is not None, PREC=precision,
+        num_stages=STATE_STAGES,
     )  # fmt: skip
 
     dq_part, dk_minus = buffers(2, TT, H, K)
@@ -183,11 +192,11 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     (dbeta,) = buffers(1, TT, H, when=has_beta)
     (dG_last,) = buffers(1, NT, H, K, when=g is not None)
     dv = new_output(v.shape, v.dtype, device)
-    block_k = min(64, layout.block_k)
+    block_k = _block(K, 64)
     chunk_bwd_main_kernel[(triton.cdiv(K, block_k), NT, H)](
         k, w, v, beta, G, saved["T"], saved["A_kw"], states, dstates, saved["U"], dU, dX, do, dq_part, dk_minus,
         dw_minus, dW_s, dA_qk, dA_qw, dT, dP, dv, dbeta, dG_last, **common, scale=scale,
-        H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=min(64, triton.next_power_of_2(V)), DECAY=decay, ERASE=erase,
+        H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=_block(V, 64), DECAY=decay, ERASE=erase,
         HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision,
     )  # fmt: skip
     del dstates, dU, dX
@@ -205,11 +214,10 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     dw = new_output(w.shape, w.dtype, device) if decoupled else None
     dG = torch.empty(g.shape, **f32) if g is not None else None
     per_channel = decay == DECAY_CHANNEL.value
-    intra_block_k = block_k if per_channel else min(128, layout.block_k)
-    grid = (NT, H, (CHUNK // SUB_CHUNK) * triton.cdiv(K, intra_block_k) if per_channel else 1)
+    grid = (NT, H, (CHUNK // SUB_CHUNK) * triton.cdiv(K, block_k) if per_channel else 1)
     chunk_bwd_intra_kernel[grid](
         q, k, w, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dG, **common,
-        H=H, K=K, BT=CHUNK, BC=SUB_CHUNK, BK=intra_block_k, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
+        H=H, K=K, BT=CHUNK, BC=SUB_CHUNK, BK=block_k, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
         PREC=precision,
     )  # fmt: skip
 
