@@ -61,9 +61,9 @@ def chunk_state_bwd_kernel(
     if USE_FINAL_GRAD:
         dstate += tl.load(d_final + (n * H + h).to(tl.int64) * K * V + state_offsets, mask=state_mask, other=0)
     dtype = dstates.dtype.element_ty
-    num_chunks = tl.cdiv(length, BT)
+    num_chunks = tl.cdiv(length, BT).to(tl.int32)  # int32: block-pointer offsets must be 32-bit
     for j in range(0, num_chunks):
-        c = (num_chunks - 1 - j).to(tl.int32)
+        c = num_chunks - 1 - j
         valid = tl.minimum(BT, length - c * BT)
         tl.store(dstates + ((first + c) * H + h) * K * V + state_offsets, dstate.to(dtype), mask=state_mask)
         do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))

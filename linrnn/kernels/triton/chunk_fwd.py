@@ -310,8 +310,7 @@ def load_decay(G, bos, h, c, valid, k0, H: tl.constexpr, K: tl.constexpr, BT: tl
 def _tile(x, bos, length, h, c, col0, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """Block pointer to rows ``c·BT ..`` and columns ``col0 ..`` of ``x`` ``[TT, H, D]`` for head h, bounded by
     the sequence."""
-    return tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), ((c * BT).to(tl.int32), col0), (BT, BD),
-                             (1, 0))  # fmt: skip
+    return tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, col0), (BT, BD), (1, 0))
 
 
 @triton.jit
@@ -376,7 +375,7 @@ def chunk_state_fwd_kernel(
     if USE_INITIAL_STATE:
         state += tl.load(initial_state + (n * H + h).to(tl.int64) * K * V + state_offsets, mask=state_mask, other=0)
     dtype = states.dtype.element_ty
-    for c in range(0, tl.cdiv(length, BT)):
+    for c in range(0, tl.cdiv(length, BT).to(tl.int32)):  # int32: block-pointer offsets must be 32-bit
         valid = tl.minimum(BT, length - c * BT)
         tl.store(states + ((first + c) * H + h) * K * V + state_offsets, state.to(dtype), mask=state_mask)
         if ERASE:
