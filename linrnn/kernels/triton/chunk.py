@@ -38,7 +38,6 @@ from linrnn.kernels.triton.chunk_fwd import (
 CHUNK = 64
 SUB_CHUNK = 16
 MAX_BLOCK = 256  # K up to 256: the state kernels hold all of K
-STATE_STAGES = 2  # software pipelining of the sequential state kernels (3 overflows shared memory at K = 256)
 
 
 def new_output(shape, dtype, device) -> Tensor:
@@ -72,6 +71,8 @@ class _Layout:
         self.decay = decay.value  # a plain int for the launches
         self.block_k = _block(self.key_dim, MAX_BLOCK)
         self.precision = "ieee" if q.dtype == torch.float32 else "tf32"
+        # software pipelining depth: fp32 tiles take twice the shared memory (checked up to K = V = 256)
+        self.state_stages, self.main_stages = (1, 2) if q.dtype == torch.float32 else (2, 3)
 
 
 def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens):
@@ -127,7 +128,7 @@ def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_fi
         k, w, v, beta, G, W_s, U_v, U, states, initial_state, final, layout.cu_seqlens, layout.chunk_offsets,
         H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=layout.decay, ERASE=erase,
         HAS_BETA=has_beta, DECOUPLED=decoupled, USE_INITIAL_STATE=initial_state is not None,
-        STORE_FINAL_STATE=output_final_state, PREC=layout.precision, num_stages=STATE_STAGES,
+        STORE_FINAL_STATE=output_final_state, PREC=layout.precision, num_stages=layout.state_stages,
     )  # fmt: skip
     del U_v
 
@@ -148,9 +149,9 @@ def _block(size: int, cap: int) -> int:
 
 
 def _state_block_v(layout: _Layout) -> int:
-    """Value columns per state-pass program: enough programs to fill the GPU, at most 32 columns (64 with K ≤ 64);
-    the whole ``[K, BV]`` state sits in registers and its matmul operands in shared memory."""
-    block_v = _block(layout.value_dim, 64 if layout.key_dim <= 64 else 32)
+    """Value columns per state-pass program: enough programs to fill the GPU, at most 64 / 32 / 16 columns for
+    K up to 64 / 128 / 256: the whole ``[K, BV]`` state sits in registers and its matmul operands in shared memory."""
+    block_v = _block(layout.value_dim, 64 if layout.key_dim <= 64 else (32 if layout.key_dim <= 128 else 16))
     while block_v > 16 and layout.sequences * layout.heads * triton.cdiv(layout.value_dim, block_v) < 256:
         block_v //= 2
     return block_v
@@ -180,7 +181,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         None if d_final is None else d_final.contiguous(), layout.cu_seqlens, layout.chunk_offsets, scale,
         H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_GRAD=d_final is not None, PREC=precision,
-        num_stages=STATE_STAGES,
+        num_stages=layout.state_stages,
     )  # fmt: skip
 
     dq_part, dk_minus = buffers(2, TT, H, K)
@@ -197,7 +198,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         k, w, v, beta, G, saved["T"], saved["A_kw"], states, dstates, saved["U"], dU, dX, do, dq_part, dk_minus,
         dw_minus, dW_s, dA_qk, dA_qw, dT, dP, dv, dbeta, dG_last, **common, scale=scale,
         H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=_block(V, 64), DECAY=decay, ERASE=erase,
-        HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision,
+        HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision, num_stages=layout.main_stages,
     )  # fmt: skip
     del dstates, dU, dX
 
