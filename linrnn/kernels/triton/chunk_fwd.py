@@ -51,20 +51,22 @@ def chunk_cumsum_kernel(
     """Cumulative sum inside each chunk of ``x`` ``[TT, H, D]`` (D = 1: per head), in fp32.
 
     ``REVERSE`` sums from the chunk end (the gradient of a cumsum). ``extra`` ``[NT, H, DE]`` is added to
-    the chunk's last valid step first (summed over DE when D = 1)."""
-    i, h = tl.program_id(0), tl.program_id(1)
+    the chunk's last valid step first (summed over DE when D = 1, else DE = D). Axis 2: blocks of BD channels."""
+    i, h, d0 = tl.program_id(0), tl.program_id(1), tl.program_id(2) * BD
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
-    x_block = tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, 0), (BT, BD), (1, 0))
+    x_block = tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, d0), (BT, BD), (1, 0))
     values = tl.load(x_block, boundary_check=(0, 1)).to(tl.float32)
     if HAS_EXTRA:
-        e_idx = tl.arange(0, BDE)
-        added = tl.load(extra + (i * H + h).to(tl.int64) * DE + e_idx, mask=e_idx < DE, other=0)
         if D == 1:
-            added = tl.sum(added, axis=0)
+            e_idx = tl.arange(0, BDE)
+            added = tl.sum(tl.load(extra + (i * H + h).to(tl.int64) * DE + e_idx, mask=e_idx < DE, other=0), axis=0)
+        else:
+            e_idx = d0 + tl.arange(0, BD)
+            added = tl.load(extra + (i * H + h).to(tl.int64) * DE + e_idx, mask=e_idx < DE, other=0)
         last = (tl.arange(0, BT) == valid - 1)[:, None]
         values += tl.where(last, added, 0.0)
     sums = tl.cumsum(values, axis=0, reverse=REVERSE)
-    o_block = tl.make_block_ptr(out + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, 0), (BT, BD), (1, 0))
+    o_block = tl.make_block_ptr(out + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, d0), (BT, BD), (1, 0))
     tl.store(o_block, sums.to(out.dtype.element_ty), boundary_check=(0, 1))
 
 
