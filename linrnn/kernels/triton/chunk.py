@@ -73,8 +73,11 @@ class _Layout:
         # fp32 products as three tf32 ones (fp32 accuracy): "ieee" gave wrong gradients at K >= 100 on H200
         # with triton 3.6 (the same kernels pass with tf32, at tf32 accuracy)
         self.precision = "tf32x3" if q.dtype == torch.float32 else "tf32"
-        # software pipelining depth: fp32 tiles take twice the shared memory (checked up to K = V = 256)
-        self.state_stages, self.main_stages = (1, 2) if q.dtype == torch.float32 else (2, 3)
+        # software pipelining depth, within shared memory up to K = V = 256: fp32 tiles take twice the space
+        if q.dtype == torch.float32:
+            self.state_stages = self.stages = 1
+        else:
+            self.state_stages, self.stages = 2, (3 if self.key_dim <= 128 else 2)
 
 
 def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens):
@@ -104,20 +107,20 @@ def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_fi
     chunk_intra_kernel[intra_grid](
         q, k, w, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
         BK=_block(K, 64),
-        DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision,
+        DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision, num_stages=layout.stages,
     )  # fmt: skip
 
     T = W_s = U = None
     if erase:
         T = torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device)
         chunk_solve_kernel[(NT, H)](A_kk, beta, T, **common, H=H, BT=CHUNK, BC=SUB_CHUNK, HAS_BETA=has_beta,
-                                    PREC=layout.precision)  # fmt: skip
+                                    PREC=layout.precision, num_stages=layout.stages)  # fmt: skip
         W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
         U_v = torch.empty(TT, H, V, dtype=torch.float32, device=device)
         chunk_wu_kernel[(NT, H)](
             k, v, beta, G, T, A_kw, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, 64),
             BV=_block(V, 64), DECAY=layout.decay, HAS_BETA=has_beta, DECOUPLED=decoupled,
-            PREC=layout.precision,
+            PREC=layout.precision, num_stages=layout.stages,
         )  # fmt: skip
         U = torch.empty(TT, H, V, dtype=dtype, device=device)
     else:
@@ -139,7 +142,7 @@ def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_fi
     chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
         q, v, beta, G, states, U, A_qk, A_qw, o, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK,
         BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
-        DECOUPLED=decoupled, PREC=layout.precision,
+        DECOUPLED=decoupled, PREC=layout.precision, num_stages=layout.stages,
     )  # fmt: skip
     saved = dict(layout=layout, G=G, A_qk=A_qk, A_kk=A_kk, A_qw=A_qw, A_kw=A_kw, T=T, W_s=W_s, U=U, states=states)
     return o, final, saved
@@ -200,7 +203,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         k, w, v, beta, G, saved["T"], saved["A_kw"], states, dstates, saved["U"], dU, dX, do, dq_part, dk_minus,
         dw_minus, dW_s, dA_qk, dA_qw, dT, dP, dv, dbeta, dG_last, **common, scale=scale,
         H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=_block(V, 64), DECAY=decay, ERASE=erase,
-        HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision, num_stages=layout.main_stages,
+        HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision, num_stages=layout.stages,
     )  # fmt: skip
     del dstates, dU, dX
 
@@ -210,7 +213,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         chunk_bwd_wy_kernel[(NT, H)](
             k, beta, G, saved["T"], saved["A_kk"], saved["A_kw"], dW_s, dT, dP, dbeta, dk_plus, dA_kk, dA_kw,
             **common, H=H, K=K, BT=CHUNK, BK=block_k, DECAY=decay, HAS_BETA=has_beta, DECOUPLED=decoupled,
-            PREC=precision,
+            PREC=precision, num_stages=layout.stages,
         )  # fmt: skip
 
     dq, dk = new_output(q.shape, q.dtype, device), new_output(k.shape, k.dtype, device)
@@ -221,7 +224,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     chunk_bwd_intra_kernel[grid](
         q, k, w, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dG, **common,
         H=H, K=K, BT=CHUNK, BC=SUB_CHUNK, BK=block_k, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
-        PREC=precision,
+        PREC=precision, num_stages=layout.stages,
     )  # fmt: skip
 
     dg = None
