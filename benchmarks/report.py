@@ -1,4 +1,8 @@
-"""Turns a pytest-benchmark JSON of the GPU benchmarks into the markdown table of RESULTS.md (medians, ratio to FLA)."""
+"""Turns a pytest-benchmark JSON of the GPU benchmarks into the markdown tables of RESULTS.md (medians, ratio to FLA).
+
+Decode (benchmarks/test_decode_gpu.py) and chunkwise training (benchmarks/test_chunk_gpu.py, extra_info kind "chunk")
+JSONs both work: ``python benchmarks/report.py decode.json`` or ``... chunk.json``.
+"""
 
 import json
 import sys
@@ -9,13 +13,20 @@ def main(path: str) -> None:
     runs = json.load(open(path))
     medians = defaultdict(dict)  # (cell, batch) -> {impl: seconds}
     prefill = defaultdict(dict)  # (cell, steps) -> {impl: seconds}
+    chunk = []
     for bench in runs["benchmarks"]:
         info = bench["extra_info"]
-        if info.get("kind") == "prefill":
+        if info.get("kind") == "chunk":
+            chunk.append(dict(info, median=bench["stats"]["median"]))
+        elif info.get("kind") == "prefill":
             prefill[(info["cell"], info["steps"])][info["impl"]] = bench["stats"]["median"]
         else:
             medians[(info["cell"], info["batch"])][info["impl"]] = bench["stats"]["median"]
     print(f"device: {runs['machine_info'].get('cpu', {}).get('brand_raw', '?')} host; {runs.get('datetime', '')}")
+    if chunk:
+        chunk_tables(chunk)
+    if not medians:
+        return
     print("| cell | batch | linrnn (µs) | linrnn torch path (µs) | FLA (µs) | linrnn / FLA | linrnn tokens/s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for (cell, batch), impls in sorted(medians.items()):
@@ -28,6 +39,35 @@ def main(path: str) -> None:
         print("|---|---:|---:|---:|")
         for (cell, steps), impls in sorted(prefill.items()):
             print(f"| {cell} | {steps} | {impls['triton'] * 1e3:.2f} | {impls['torch'] * 1e3:.2f} |")
+
+
+def chunk_tables(rows: list[dict]) -> None:
+    """One table per shape: linrnn vs FLA per (cell, mode), with causal SDPA at the same shape and mode."""
+    by_shape = defaultdict(dict)  # shape -> {(cell, mode, impl): row}
+    for row in rows:
+        by_shape[(row["batch"], row["steps"])][(row["cell"], row["mode"], row["impl"])] = row
+    for (batch, steps), runs in by_shape.items():  # in the order they ran
+        some = next(iter(runs.values()))
+        print(f"\n### B×T = {batch}×{steps}, H = {some['H']}, K = V = {some['K']}, {some['dtype']}\n")
+        print("| cell | mode | linrnn ms | FLA ms | linrnn/FLA | SDPA ms | peak MiB linrnn | peak MiB FLA |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        cells = dict.fromkeys(cell for cell, _, _ in runs if cell != "sdpa") or ["-"]  # "-": SDPA alone
+        for cell in cells:
+            for mode in ("fwd", "fwdbwd"):
+                ours, fla = runs.get((cell, mode, "linrnn")), runs.get((cell, mode, "fla"))
+                sdpa = runs.get(("sdpa", mode, "sdpa"))
+                if not (ours or fla or sdpa):
+                    continue
+                ms = [f"{r['median'] * 1e3:.3f}" if r else "-" for r in (ours, fla)]
+                ratio = f"{ours['median'] / fla['median']:.2f}" if ours and fla else "-"
+                sdpa_ms = f"{sdpa['median'] * 1e3:.3f}" if sdpa else "-"
+                mib = [f"{r['peak_mib']:.0f}" if r and r.get("peak_mib") is not None else "-" for r in (ours, fla)]
+                print(f"| {cell} | {mode} | {ms[0]} | {ms[1]} | {ratio} | {sdpa_ms} | {mib[0]} | {mib[1]} |")
+    backends = sorted({r["backend"] for r in rows if r["impl"] == "linrnn"})
+    lifted = any(r.get("fla_bwd_guard_lifted") for r in rows)
+    print(f"\nlinrnn backend: {', '.join(backends) or '-'}. Host medians with a device sync per call.")
+    if lifted:
+        print("FLA's Hopper guard on its gated backward (triton < 3.7.1, its issue #640) was lifted: speed only.")
 
 
 if __name__ == "__main__":
