@@ -17,6 +17,7 @@ import torch
 import triton
 from torch import Tensor
 
+from linrnn.kernels.triton import new_output
 from linrnn.kernels.triton.chunk_bwd import (
     chunk_bwd_intra_kernel,
     chunk_bwd_main_kernel,
@@ -38,11 +39,6 @@ from linrnn.kernels.triton.chunk_fwd import (
 CHUNK = 64
 SUB_CHUNK = 16
 MAX_BLOCK = 256  # K up to 256: the state kernels hold all of K
-
-
-def new_output(shape, dtype, device) -> Tensor:
-    """Uninitialised output buffer (tests replace this to poison outputs with NaN)."""
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 class _Layout:

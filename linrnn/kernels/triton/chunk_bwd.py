@@ -37,6 +37,7 @@ from linrnn.kernels.triton.chunk_fwd import (
     _chunk_bounds,
     _tile,
     load_decay,
+    state_program,
 )
 
 
@@ -49,17 +50,12 @@ def chunk_state_bwd_kernel(
 ):  # fmt: skip
     """Reverse over one sequence's chunks; stores dS' (the gradient of each chunk's end state) and dU.
     Decoupled, also ``dX = A_qwᵀ dO + (W ⊙ Γ_C/Γ) dS'``, the gradient of the write values X = Diag(β) V."""
-    vb, nh = tl.program_id(0), tl.program_id(1)
-    n, h = nh // H, nh % H
-    bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
-    length = eos - bos
-    first = tl.load(chunk_offsets + n).to(tl.int64)
-    k_idx, v_idx = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
-    state_mask = (k_idx[:, None] < K) & (v_idx[None, :] < V)
-    state_offsets = k_idx[:, None] * V + v_idx[None, :]
+    vb, h, bos, length, first, sequence_state, state_offsets, state_mask = state_program(
+        cu_seqlens, chunk_offsets, H, K, V, BK, BV
+    )
     dstate = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_FINAL_GRAD:
-        dstate += tl.load(d_final + (n * H + h).to(tl.int64) * K * V + state_offsets, mask=state_mask, other=0)
+        dstate += tl.load(d_final + sequence_state + state_offsets, mask=state_mask, other=0)
     dtype = dstates.dtype.element_ty
     num_chunks = tl.cdiv(length, BT).to(tl.int32)  # int32: block-pointer offsets must be 32-bit
     for j in range(0, num_chunks):
@@ -93,7 +89,7 @@ def chunk_state_bwd_kernel(
             dstate *= tl.exp(g_last)[:, None]
         dstate += update
     if USE_INITIAL_STATE:
-        tl.store(d_initial + (n * H + h).to(tl.int64) * K * V + state_offsets, dstate, mask=state_mask)
+        tl.store(d_initial + sequence_state + state_offsets, dstate, mask=state_mask)
 
 
 @triton.jit

@@ -356,6 +356,22 @@ def chunk_wu_kernel(
 
 
 @triton.jit
+def state_program(cu_seqlens, chunk_offsets, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr):  # fmt: skip
+    """What a state-pass program (axis 0: value block, axis 1: sequence × head) owns: its value block, head,
+    sequence start and length, first chunk, the offset of its sequence's ``[K, V]`` state in ``[N, H, K, V]``,
+    and its ``[BK, BV]`` tile's offsets and mask inside a state."""
+    vb, nh = tl.program_id(0), tl.program_id(1)
+    n, h = nh // H, nh % H
+    bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
+    first = tl.load(chunk_offsets + n).to(tl.int64)
+    k_idx, v_idx = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
+    state_mask = (k_idx[:, None] < K) & (v_idx[None, :] < V)
+    state_offsets = k_idx[:, None] * V + v_idx[None, :]
+    return vb, h, bos, eos - bos, first, (n * H + h).to(tl.int64) * K * V, state_offsets, state_mask
+
+
+@triton.jit
 def chunk_state_fwd_kernel(
     k, w, v, beta, G, W_s, U_v, U, states, initial_state, final_state, cu_seqlens, chunk_offsets,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -365,17 +381,12 @@ def chunk_state_fwd_kernel(
     """Sequential over one sequence's chunks for one head and BV value columns; the ``[K, BV]`` state stays in
     registers. Stores each chunk's start state (``states`` ``[NT, H, K, V]``) and, with erase, ``U = U_v − W_s S``.
     Decoupled, the write ``(W ⊙ Γ_C/Γ)ᵀ Diag(β) V`` enters the state on its own."""
-    vb, nh = tl.program_id(0), tl.program_id(1)
-    n, h = nh // H, nh % H
-    bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
-    length = eos - bos
-    first = tl.load(chunk_offsets + n).to(tl.int64)
-    k_idx, v_idx = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
-    state_mask = (k_idx[:, None] < K) & (v_idx[None, :] < V)
-    state_offsets = k_idx[:, None] * V + v_idx[None, :]
+    vb, h, bos, length, first, sequence_state, state_offsets, state_mask = state_program(
+        cu_seqlens, chunk_offsets, H, K, V, BK, BV
+    )
     state = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
-        state += tl.load(initial_state + (n * H + h).to(tl.int64) * K * V + state_offsets, mask=state_mask, other=0)
+        state += tl.load(initial_state + sequence_state + state_offsets, mask=state_mask, other=0)
     dtype = states.dtype.element_ty
     for c in range(0, tl.cdiv(length, BT).to(tl.int32)):  # int32: block-pointer offsets must be 32-bit
         valid = tl.minimum(BT, length - c * BT)
@@ -404,7 +415,7 @@ def chunk_state_fwd_kernel(
             x_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
             state += tl.dot(tl.trans(w_t).to(dtype), x_t.to(dtype), input_precision=PREC)
     if STORE_FINAL_STATE:
-        tl.store(final_state + (n * H + h).to(tl.int64) * K * V + state_offsets, state, mask=state_mask)
+        tl.store(final_state + sequence_state + state_offsets, state, mask=state_mask)
 
 
 @triton.jit

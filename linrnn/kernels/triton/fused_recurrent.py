@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from linrnn.kernels.triton import new_output
+
 DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = 0, 1, 2
 
 
@@ -74,11 +76,6 @@ def _fused_recurrent_fwd_kernel(
         if HAS_GAMMA:
             state *= gamma[:, None]
         tl.store(final_state + state_offsets, state, mask=tile_mask)
-
-
-def new_output(shape, dtype, device) -> Tensor:
-    """Uninitialised output buffer (tests replace this to poison outputs with NaN)."""
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def fused_recurrent_fwd(
