@@ -48,6 +48,14 @@ def test_matches_reference(cell, T, K, V, with_state):
     compare(cell, inputs, 1e-5)
 
 
+@pytest.mark.parametrize("cell", ["deltanet", "gated_deltanet"])
+def test_tied_erase_general_backward(cell, monkeypatch):
+    """DeltaNet and GDN take the fused backward kernel up to ``FUSED_MAX_K``, the general kernels (KDA's) past it."""
+    monkeypatch.setattr(chunk, "FUSED_MAX_K", 0)
+    inputs = make_inputs(cell, B=2, T=65, H=2, K=40, V=12, initial_state=True, seed=7)
+    compare(cell, inputs, 1e-5)
+
+
 @pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])
 def test_varlen(cell):
     lengths = [3, 64, 1, 17]

@@ -19,9 +19,10 @@ from torch import Tensor
 
 from linrnn.kernels.triton import new_output
 from linrnn.kernels.triton.chunk_bwd import (
+    chunk_bwd_fused_kernel,
     chunk_bwd_intra_kernel,
+    chunk_bwd_local_kernel,
     chunk_bwd_main_kernel,
-    chunk_bwd_wy_kernel,
     chunk_state_bwd_kernel,
 )
 from linrnn.kernels.triton.chunk_fwd import (
@@ -39,6 +40,13 @@ from linrnn.kernels.triton.chunk_fwd import (
 CHUNK = 64
 SUB_CHUNK = 16
 MAX_BLOCK = 256  # K up to 256: the state kernels hold all of K
+# warps per program, by kernel: with 4, the larger kernels' [64, 64] fp32 tiles spill out of registers
+STATE_BLOCK_V = {64: 64, 128: 64, 256: 16}  # key width -> most value columns per state-pass program
+STATE_MIN_PROGRAMS = 256
+WARPS = dict(intra=4, solve=4, wu=4, state_fwd=8, output=4, state_bwd=8, main=8, local=4, bwd_intra=4, fused=8)
+# tied erase with no or per-head decay (DeltaNet, GDN): one backward kernel after the state pass, up to this K
+FUSED_MAX_K = 128
+FUSED_BLOCK_V = 32
 
 
 class _Layout:
@@ -69,11 +77,18 @@ class _Layout:
         # fp32 products as three tf32 ones (fp32 accuracy): "ieee" gave wrong gradients at K >= 100 on H200
         # with triton 3.6 (the same kernels pass with tf32, at tf32 accuracy)
         self.precision = "tf32x3" if q.dtype == torch.float32 else "tf32"
+        self.half = q.dtype != torch.float32
         # software pipelining depth, within shared memory up to K = V = 256: fp32 tiles take twice the space
         if q.dtype == torch.float32:
             self.state_stages = self.stages = 1
         else:
             self.state_stages, self.stages = 2, (3 if self.key_dim <= 128 else 2)
+
+    def warps(self, kernel: str) -> int:
+        """``WARPS[kernel]`` for 16-bit inputs with K, V ≥ 64, else 4. With 8 warps the backward's fused and local
+        kernels made illegal memory accesses on an H200 with triton 3.6, for fp32 inputs at every K and for bf16
+        at K = V = 16, while 4 warps and the interpreter were correct."""
+        return WARPS[kernel] if self.half and min(self.key_dim, self.value_dim) >= 64 else 4
 
 
 def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens):
@@ -102,21 +117,23 @@ def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_fi
     intra_grid = (NT, H, (CHUNK // SUB_CHUNK) ** 2 if per_channel else 1)
     chunk_intra_kernel[intra_grid](
         q, k, w, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
-        BK=_block(K, 64),
-        DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision, num_stages=layout.stages,
+        BK=_block(K, 64), DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision,
+        num_warps=layout.warps("intra"), num_stages=layout.stages,
     )  # fmt: skip
 
     T = W_s = U = None
     if erase:
         T = torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device)
-        chunk_solve_kernel[(NT, H)](A_kk, beta, T, **common, H=H, BT=CHUNK, BC=SUB_CHUNK, HAS_BETA=has_beta,
-                                    PREC=layout.precision, num_stages=layout.stages)  # fmt: skip
+        chunk_solve_kernel[(NT, H)](
+            A_kk, beta, T, **common, H=H, BT=CHUNK, BC=SUB_CHUNK, HAS_BETA=has_beta, PREC=layout.precision,
+            num_warps=layout.warps("solve"), num_stages=layout.stages,
+        )  # fmt: skip
         W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
         U_v = torch.empty(TT, H, V, dtype=torch.float32, device=device)
         chunk_wu_kernel[(NT, H)](
             k, v, beta, G, T, A_kw, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, 64),
             BV=_block(V, 64), DECAY=layout.decay, HAS_BETA=has_beta, DECOUPLED=decoupled,
-            PREC=layout.precision, num_stages=layout.stages,
+            PREC=layout.precision, num_warps=layout.warps("wu"), num_stages=layout.stages,
         )  # fmt: skip
         U = torch.empty(TT, H, V, dtype=dtype, device=device)
     else:
@@ -129,7 +146,8 @@ def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_fi
         k, w, v, beta, G, W_s, U_v, U, states, initial_state, final, layout.cu_seqlens, layout.chunk_offsets,
         H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=layout.decay, ERASE=erase,
         HAS_BETA=has_beta, DECOUPLED=decoupled, USE_INITIAL_STATE=initial_state is not None,
-        STORE_FINAL_STATE=output_final_state, PREC=layout.precision, num_stages=layout.state_stages,
+        STORE_FINAL_STATE=output_final_state, PREC=layout.precision, num_warps=layout.warps("state_fwd"),
+        num_stages=layout.state_stages,
     )  # fmt: skip
     del U_v
 
@@ -138,7 +156,7 @@ def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_fi
     chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
         q, v, beta, G, states, U, A_qk, A_qw, o, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK,
         BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
-        DECOUPLED=decoupled, PREC=layout.precision, num_stages=layout.stages,
+        DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("output"), num_stages=layout.stages,
     )  # fmt: skip
     saved = dict(layout=layout, G=G, A_qk=A_qk, A_kk=A_kk, A_qw=A_qw, A_kw=A_kw, T=T, W_s=W_s, U=U, states=states)
     return o, final, saved
@@ -150,10 +168,12 @@ def _block(size: int, cap: int) -> int:
 
 
 def _state_block_v(layout: _Layout) -> int:
-    """Value columns per state-pass program: enough programs to fill the GPU, at most 64 / 32 / 16 columns for
-    K up to 64 / 128 / 256: the whole ``[K, BV]`` state sits in registers and its matmul operands in shared memory."""
-    block_v = _block(layout.value_dim, 64 if layout.key_dim <= 64 else (32 if layout.key_dim <= 128 else 16))
-    while block_v > 16 and layout.sequences * layout.heads * triton.cdiv(layout.value_dim, block_v) < 256:
+    """Value columns per state-pass program: at most ``STATE_BLOCK_V`` for the key width (the whole ``[K, BV]``
+    state sits in registers), fewer while that leaves under ``STATE_MIN_PROGRAMS`` programs to fill the GPU."""
+    cap = next(block for width, block in STATE_BLOCK_V.items() if layout.key_dim <= width)
+    block_v = _block(layout.value_dim, cap)
+    programs = layout.sequences * layout.heads
+    while block_v > 16 and programs * triton.cdiv(layout.value_dim, block_v) < STATE_MIN_PROGRAMS:
         block_v //= 2
     return block_v
 
@@ -182,35 +202,48 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         None if d_final is None else d_final.contiguous(), layout.cu_seqlens, layout.chunk_offsets, scale,
         H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_GRAD=d_final is not None, PREC=precision,
-        num_stages=layout.state_stages,
+        num_warps=layout.warps("state_bwd"), num_stages=layout.state_stages,
     )  # fmt: skip
+
+    if erase and not decoupled and decay != DECAY_CHANNEL.value and K <= FUSED_MAX_K:
+        dq, dk, dv = (new_output(x.shape, x.dtype, device) for x in (q, k, v))
+        dg = new_output(g.shape, g.dtype, device) if g is not None else None
+        (dbeta,) = buffers(1, TT, H, when=has_beta)
+        chunk_bwd_fused_kernel[(NT, H)](
+            q, k, v, beta, G, saved["T"], saved["A_kk"], states, dstates, saved["U"], dU, do, dq, dk, dv, dg, dbeta,
+            **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, FUSED_MAX_K), BV=_block(V, FUSED_BLOCK_V),
+            DECAY=decay, HAS_BETA=has_beta, PREC=precision, num_warps=layout.warps("fused"), num_stages=layout.stages,
+        )  # fmt: skip
+        if dbeta is not None:
+            dbeta = dbeta.to(beta.dtype).view(beta.shape)
+        return dq, dk, None, dv, dg, dbeta, d_initial
 
     dq_part, dk_minus = buffers(2, TT, H, K)
     (dW_s,) = buffers(1, TT, H, K, when=erase)
     (dw_minus,) = buffers(1, TT, H, K, when=decoupled)
-    (dA_qk,) = buffers(1, TT, H, CHUNK)
-    (dT,) = buffers(1, TT, H, CHUNK, when=erase)
-    dA_qw, dP = buffers(2, TT, H, CHUNK, when=decoupled)
-    (dbeta,) = buffers(1, TT, H, when=has_beta)
     (dG_last,) = buffers(1, NT, H, K, when=g is not None)
-    dv = new_output(v.shape, v.dtype, device)
     block_k = _block(K, 64)
     chunk_bwd_main_kernel[(triton.cdiv(K, block_k), NT, H)](
-        k, w, v, beta, G, saved["T"], saved["A_kw"], states, dstates, saved["U"], dU, dX, do, dq_part, dk_minus,
-        dw_minus, dW_s, dA_qk, dA_qw, dT, dP, dv, dbeta, dG_last, **common, scale=scale,
-        H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=_block(V, 64), DECAY=decay, ERASE=erase,
-        HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision, num_stages=layout.stages,
+        k, w, v, beta, G, states, dstates, saved["U"], dU, do, dq_part, dk_minus, dw_minus, dW_s, dG_last, **common,
+        scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=_block(V, 64), DECAY=decay, ERASE=erase,
+        HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision, num_warps=layout.warps("main"),
+        num_stages=layout.stages,
     )  # fmt: skip
-    del dstates, dU, dX
+    del dstates
 
+    (dA_qk,) = buffers(1, TT, H, CHUNK)
+    (dA_qw,) = buffers(1, TT, H, CHUNK, when=decoupled)
     dk_plus, dA_kk = buffers(1, TT, H, K, when=erase) + buffers(1, TT, H, CHUNK, when=erase)
     (dA_kw,) = buffers(1, TT, H, CHUNK, when=decoupled)
-    if erase:
-        chunk_bwd_wy_kernel[(NT, H)](
-            k, beta, G, saved["T"], saved["A_kk"], saved["A_kw"], dW_s, dT, dP, dbeta, dk_plus, dA_kk, dA_kw,
-            **common, H=H, K=K, BT=CHUNK, BK=block_k, DECAY=decay, HAS_BETA=has_beta, DECOUPLED=decoupled,
-            PREC=precision, num_stages=layout.stages,
-        )  # fmt: skip
+    (dbeta,) = buffers(1, TT, H, when=has_beta)
+    dv = new_output(v.shape, v.dtype, device)
+    chunk_bwd_local_kernel[(NT, H)](
+        k, v, beta, G, saved["T"], saved["A_kk"], saved["A_kw"], saved["U"], dU, dX, do, dW_s, dv, dbeta, dk_plus,
+        dA_qk, dA_qw, dA_kk, dA_kw, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=_block(V, 64),
+        DECAY=decay, ERASE=erase, HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision,
+        num_warps=layout.warps("local"), num_stages=layout.stages,
+    )  # fmt: skip
+    del dU, dX, dW_s
 
     dq, dk = new_output(q.shape, q.dtype, device), new_output(k.shape, k.dtype, device)
     dw = new_output(w.shape, w.dtype, device) if decoupled else None
@@ -220,7 +253,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     chunk_bwd_intra_kernel[grid](
         q, k, w, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dG, **common,
         H=H, K=K, BT=CHUNK, BC=SUB_CHUNK, BK=block_k, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
-        PREC=precision, num_stages=layout.stages,
+        PREC=precision, num_warps=layout.warps("bwd_intra"), num_stages=layout.stages,
     )  # fmt: skip
 
     dg = None

@@ -94,17 +94,13 @@ def chunk_state_bwd_kernel(
 
 @triton.jit
 def chunk_bwd_main_kernel(
-    k, w, v, beta, G, T, A_kw, states, dstates, U, dU, dX, do, dq, dk_minus, dw_minus, dW_s, dA_qk, dA_qw, dT, dP,
-    dv, dbeta, dG_last, cu_seqlens, chunk_index, scale,
+    k, w, v, beta, G, states, dstates, U, dU, do, dq, dk_minus, dw_minus, dW_s, dG_last, cu_seqlens, chunk_index,
+    scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Per chunk and K block, summing over V: dQ̂ (stored as its part of dq), dǨ (its part of dk₋), dW_s, the
-    last step's dG; the first K block also dA_qk, dT, dv and the V part of dβ.
-
-    Decoupled (write key w, write values X = Diag(β) V, ``U_v = T P V``, ``P = −Diag(β) A_kw Diag(β)``): also
-    ``dW̌ = X dS'ᵀ`` (the part of dw), ``dA_qw = dO Xᵀ``, ``dP = (Tᵀ dU) Vᵀ``, ``dT += dU (P V)ᵀ`` and
-    ``dv = Diag(β) dX + Pᵀ Tᵀ dU``."""
+    """Per chunk and K block, summing over V: dQ̂ (stored as its part of dq), dǨ (its part of dk₋), dW_s and the
+    last step's dG. Decoupled (write values X = Diag(β) V), also ``dW̌ = X dS'ᵀ`` (the part of dw)."""
     kb, i, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     dtype = states.dtype.element_ty
@@ -113,72 +109,29 @@ def chunk_bwd_main_kernel(
     d_qhat = tl.zeros([BT, BK], dtype=tl.float32)
     d_kcheck = tl.zeros([BT, BK], dtype=tl.float32)
     d_wcheck = tl.zeros([BT, BK], dtype=tl.float32)
-    d_aqw = tl.zeros([BT, BT], dtype=tl.float32)
-    d_p = tl.zeros([BT, BT], dtype=tl.float32)
     d_ws = tl.zeros([BT, BK], dtype=tl.float32)
     d_last = tl.zeros([BK], dtype=tl.float32)
-    d_aqk = tl.zeros([BT, BT], dtype=tl.float32)
-    d_t = tl.zeros([BT, BT], dtype=tl.float32)
-    d_beta = tl.zeros([BT], dtype=tl.float32)
-    if ERASE:
-        t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
-    if DECOUPLED:
-        p_tile = -(b[:, None] * tl.load(_tile(A_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
-                   * b[None, :])  # fmt: skip
     for vb in range(0, tl.cdiv(V, BV)):
-        s_t = tl.load(tl.make_block_ptr(states + state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
+        s_t = tl.load(tl.make_block_ptr(states + state_base, (K, V), (V, 1), (0, vb * BV), (BK, BV), (1, 0)),
                       boundary_check=(0, 1))  # fmt: skip
-        ds_t = tl.load(tl.make_block_ptr(dstates + state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
+        ds_t = tl.load(tl.make_block_ptr(dstates + state_base, (K, V), (V, 1), (0, vb * BV), (BK, BV), (1, 0)),
                        boundary_check=(0, 1))  # fmt: skip
-        do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
-        du_t = tl.load(_tile(dU, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
-        v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
         if ERASE:
-            u_t = tl.load(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+            u_t = tl.load(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
         else:
-            u_t = v_t * b[:, None]
+            v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            u_t = (v_t.to(tl.float32) * b[:, None]).to(dtype)
         d_qhat += tl.dot(do_t.to(dtype), tl.trans(s_t), input_precision=PREC)
         d_kcheck += tl.dot(u_t.to(dtype), tl.trans(ds_t), input_precision=PREC)
         d_last += tl.sum(s_t.to(tl.float32) * ds_t.to(tl.float32), axis=1)
         if ERASE:
+            du_t = tl.load(_tile(dU, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
             d_ws -= tl.dot(du_t.to(dtype), tl.trans(s_t), input_precision=PREC)
         if DECOUPLED:
-            x_t = v_t * b[:, None]
+            v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            x_t = v_t.to(tl.float32) * b[:, None]
             d_wcheck += tl.dot(x_t.to(dtype), tl.trans(ds_t), input_precision=PREC)
-        if kb == 0:
-            d_aqk += tl.dot(do_t, tl.trans(u_t), input_precision=PREC)
-            if DECOUPLED:
-                d_aqw += tl.dot(do_t, tl.trans(x_t), input_precision=PREC)
-                d_pv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # d(P V)
-                d_t += tl.dot(du_t, tl.trans(tl.dot(p_tile, v_t, input_precision=PREC)), input_precision=PREC)
-                d_p += tl.dot(d_pv, tl.trans(v_t), input_precision=PREC)
-                d_x = tl.load(_tile(dX, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
-                d_v = d_x * b[:, None] + tl.dot(tl.trans(p_tile), d_pv, input_precision=PREC)
-                d_beta += tl.sum(v_t * d_x, axis=1)
-            else:
-                if ERASE:
-                    d_t += tl.dot(du_t, tl.trans(v_t * b[:, None]), input_precision=PREC)
-                    d_bv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # d(βV)
-                else:
-                    d_bv = du_t
-                d_v = d_bv * b[:, None]
-                d_beta += tl.sum(v_t * d_bv, axis=1)
-            tl.store(_tile(dv, bos, length, h, c, vb * BV, H, V, BT, BV), d_v.to(dv.dtype.element_ty),
-                     boundary_check=(0, 1))  # fmt: skip
-    if kb == 0:
-        rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
-        # stored times scale: the gradient of the pairwise product of q and k, scale taken out
-        tl.store(_tile(dA_qk, bos, length, h, c, 0, H, BT, BT, BT), tl.where(rows >= cols, d_aqk * scale, 0.0),
-                 boundary_check=(0, 1))  # fmt: skip
-        if ERASE:
-            tl.store(_tile(dT, bos, length, h, c, 0, H, BT, BT, BT), d_t, boundary_check=(0, 1))
-        if DECOUPLED:
-            tl.store(_tile(dA_qw, bos, length, h, c, 0, H, BT, BT, BT), tl.where(rows >= cols, d_aqw * scale, 0.0),
-                     boundary_check=(0, 1))  # fmt: skip
-            tl.store(_tile(dP, bos, length, h, c, 0, H, BT, BT, BT), d_p, boundary_check=(0, 1))
-        if HAS_BETA:
-            t_idx = tl.arange(0, BT)
-            tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
     d_q = d_qhat * scale
     d_km = d_kcheck
     d_wm = d_wcheck
@@ -204,52 +157,183 @@ def chunk_bwd_main_kernel(
 
 
 @triton.jit
-def chunk_bwd_wy_kernel(
-    k, beta, G, T, A_kk, A_kw, dW_s, dT, dP, dbeta, dk_plus, dA_kk, dA_kw, cu_seqlens, chunk_index,
-    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
+def chunk_bwd_local_kernel(
+    k, v, beta, G, T, A_kk, A_kw, U, dU, dX, do, dW_s, dv, dbeta, dk_plus, dA_qk, dA_qw, dA_kk, dA_kw,
+    cu_seqlens, chunk_index, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Gradients through ``W_s = T Diag(β) K̂`` and ``T = (I + Diag(β) A_kk)⁻¹``: dk₊ (from K̂), dA_kk, dβ;
-    decoupled, also through ``P = −Diag(β) A_kw Diag(β)``: dA_kw and its part of dβ."""
+    """The gradients that stay inside one chunk, per chunk: dA_qk, dv and dβ (summing over V), and with erase
+    those through ``W_s = T Diag(β) K̂`` and ``T = (I + Diag(β) A_kk)⁻¹``: dT, dk₊ (from K̂), dA_kk.
+
+    Decoupled (``U_v = T P V``, ``P = −Diag(β) A_kw Diag(β)``, write values X = Diag(β) V): also
+    ``dA_qw = dO Xᵀ``, ``dP = (Tᵀ dU) Vᵀ``, ``dT += dU (P V)ᵀ``, ``dv = Diag(β) dX + Pᵀ Tᵀ dU``, and dA_kw."""
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
-    t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
-    d_t = tl.load(_tile(dT, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    dtype = do.dtype.element_ty
     b = _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)
     t_idx = tl.arange(0, BT)
-    if HAS_BETA:
-        d_beta = tl.load(dbeta + (bos + c * BT + t_idx) * H + h, mask=t_idx < valid, other=0)
-    for kb in range(0, tl.cdiv(K, BK)):
-        k_hat = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
-        if DECAY != DECAY_NONE:
-            g_t, _ = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
-            decay = tl.exp(g_t)
-            k_hat *= decay
-        d_ws = tl.load(_tile(dW_s, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
-        d_t += tl.dot(d_ws, tl.trans(k_hat * b[:, None]), input_precision=PREC)
-        d_bk = tl.dot(tl.trans(t_tile), d_ws, input_precision=PREC)  # d(βK̂)
-        d_kp = d_bk * b[:, None]
-        if DECAY != DECAY_NONE:
-            d_kp *= decay
-        tl.store(_tile(dk_plus, bos, length, h, c, kb * BK, H, K, BT, BK), d_kp, boundary_check=(0, 1))
-        if HAS_BETA:
-            d_beta += tl.sum(k_hat * d_bk, axis=1)
     rows, cols = t_idx[:, None], t_idx[None, :]
-    d_m = -tl.dot(tl.dot(tl.trans(t_tile), d_t, input_precision=PREC), tl.trans(t_tile), input_precision=PREC)
-    d_m = tl.where(rows > cols, d_m, 0.0)
-    tl.store(_tile(dA_kk, bos, length, h, c, 0, H, BT, BT, BT), d_m * b[:, None], boundary_check=(0, 1))
-    if HAS_BETA:
+    d_aqk = tl.zeros([BT, BT], dtype=tl.float32)
+    d_aqw = tl.zeros([BT, BT], dtype=tl.float32)
+    d_t = tl.zeros([BT, BT], dtype=tl.float32)
+    d_p = tl.zeros([BT, BT], dtype=tl.float32)
+    d_beta = tl.zeros([BT], dtype=tl.float32)
+    if ERASE:
+        t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    if DECOUPLED:
+        p_tile = -(b[:, None] * tl.load(_tile(A_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+                   * b[None, :])  # fmt: skip
+    for vb in range(0, tl.cdiv(V, BV)):
+        do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+        du_t = tl.load(_tile(dU, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+        v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        bv_t = v_t * b[:, None]
+        if ERASE:
+            u_t = tl.load(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+        else:
+            u_t = bv_t.to(dtype)
+        d_aqk += tl.dot(do_t, tl.trans(u_t), input_precision=PREC)
+        if DECOUPLED:
+            d_aqw += tl.dot(do_t, tl.trans(bv_t.to(dtype)), input_precision=PREC)
+            d_pv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # d(P V)
+            d_t += tl.dot(du_t, tl.trans(tl.dot(p_tile, v_t, input_precision=PREC)), input_precision=PREC)
+            d_p += tl.dot(d_pv, tl.trans(v_t), input_precision=PREC)
+            d_x = tl.load(_tile(dX, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            d_v = d_x * b[:, None] + tl.dot(tl.trans(p_tile), d_pv, input_precision=PREC)
+            d_beta += tl.sum(v_t * d_x, axis=1)
+        else:
+            if ERASE:
+                d_t += tl.dot(du_t, tl.trans(bv_t), input_precision=PREC)
+                d_bv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # d(βV)
+            else:
+                d_bv = du_t
+            d_v = d_bv * b[:, None]
+            d_beta += tl.sum(v_t * d_bv, axis=1)
+        tl.store(_tile(dv, bos, length, h, c, vb * BV, H, V, BT, BV), d_v.to(dv.dtype.element_ty),
+                 boundary_check=(0, 1))  # fmt: skip
+    # stored times scale: the gradient of the pairwise product of q and k, scale taken out
+    tl.store(_tile(dA_qk, bos, length, h, c, 0, H, BT, BT, BT), tl.where(rows >= cols, d_aqk * scale, 0.0),
+             boundary_check=(0, 1))  # fmt: skip
+    if DECOUPLED:
+        tl.store(_tile(dA_qw, bos, length, h, c, 0, H, BT, BT, BT), tl.where(rows >= cols, d_aqw * scale, 0.0),
+                 boundary_check=(0, 1))  # fmt: skip
+    if ERASE:
+        for kb in range(0, tl.cdiv(K, BK)):
+            k_hat = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+            if DECAY != DECAY_NONE:
+                g_t, _ = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
+                decay = tl.exp(g_t)
+                k_hat *= decay
+            d_ws = tl.load(_tile(dW_s, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+            d_t += tl.dot(d_ws, tl.trans(k_hat * b[:, None]), input_precision=PREC)
+            d_bk = tl.dot(tl.trans(t_tile), d_ws, input_precision=PREC)  # d(βK̂)
+            d_kp = d_bk * b[:, None]
+            if DECAY != DECAY_NONE:
+                d_kp *= decay
+            tl.store(_tile(dk_plus, bos, length, h, c, kb * BK, H, K, BT, BK), d_kp, boundary_check=(0, 1))
+            d_beta += tl.sum(k_hat * d_bk, axis=1)
+        d_m = -tl.dot(tl.dot(tl.trans(t_tile), d_t, input_precision=PREC), tl.trans(t_tile), input_precision=PREC)
+        d_m = tl.where(rows > cols, d_m, 0.0)
+        tl.store(_tile(dA_kk, bos, length, h, c, 0, H, BT, BT, BT), d_m * b[:, None], boundary_check=(0, 1))
         a_kk = tl.load(_tile(A_kk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
         d_beta += tl.sum(tl.where(rows > cols, d_m * a_kk, 0.0), axis=1)
     if DECOUPLED:
-        d_p = tl.where(rows > cols, tl.load(_tile(dP, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1)), 0.0)
+        d_p = tl.where(rows > cols, d_p, 0.0)
         tl.store(_tile(dA_kw, bos, length, h, c, 0, H, BT, BT, BT), -(b[:, None] * d_p * b[None, :]),
                  boundary_check=(0, 1))  # fmt: skip
-        if HAS_BETA:
-            terms = -d_p * tl.load(_tile(A_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
-            d_beta += tl.sum(terms * b[None, :], axis=1) + tl.sum(terms * b[:, None], axis=0)
+        terms = -d_p * tl.load(_tile(A_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        d_beta += tl.sum(terms * b[None, :], axis=1) + tl.sum(terms * b[:, None], axis=0)
     if HAS_BETA:
         tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
+
+
+@triton.jit
+def chunk_bwd_fused_kernel(
+    q, k, v, beta, G, T, A_kk, states, dstates, U, dU, do, dq, dk, dv, dg, dbeta, cu_seqlens, chunk_index, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Everything after the state pass for one chunk, for a tied erase with no or per-head decay and K ≤ BK,
+    with no intermediate in memory.
+
+    The solve's gradients need no dW_s or dT: W_s enters only through ``U = U_v − W_s S = T (βV − βK̂ S)``,
+    so ``dT = dU (βV − βK̂ S)ᵀ = dU Uᵀ T⁻ᵀ`` and, with ``D = Tᵀ dU`` (the gradient of βV),
+    ``dL = −Tᵀ dT Tᵀ = −D Uᵀ`` (L = Diag(β) A_kk) and ``d(βK̂) = Tᵀ dW_s = −D Sᵀ``. Summing over V blocks:
+    dQ̂, dǨ, d(βK̂), dA_qk, dL, dv, dβ's V part; then dq, dA_kk, dk, dβ and dg (the reverse cumsum of dG
+    over the chunk)."""
+    i, h = tl.program_id(0), tl.program_id(1)
+    bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
+    dtype = states.dtype.element_ty
+    state_base = (i * H + h).to(tl.int64) * K * V
+    b = _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)
+    t_idx = tl.arange(0, BT)
+    rows, cols = t_idx[:, None], t_idx[None, :]
+    t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    d_qhat = tl.zeros([BT, BK], dtype=tl.float32)
+    d_kcheck = tl.zeros([BT, BK], dtype=tl.float32)
+    d_bk = tl.zeros([BT, BK], dtype=tl.float32)  # d(βK̂)
+    d_last = tl.zeros([BK], dtype=tl.float32)
+    d_aqk = tl.zeros([BT, BT], dtype=tl.float32)
+    d_l = tl.zeros([BT, BT], dtype=tl.float32)
+    d_beta = tl.zeros([BT], dtype=tl.float32)
+    for vb in range(0, tl.cdiv(V, BV)):
+        s_t = tl.load(tl.make_block_ptr(states + state_base, (K, V), (V, 1), (0, vb * BV), (BK, BV), (1, 0)),
+                      boundary_check=(0, 1))  # fmt: skip
+        ds_t = tl.load(tl.make_block_ptr(dstates + state_base, (K, V), (V, 1), (0, vb * BV), (BK, BV), (1, 0)),
+                       boundary_check=(0, 1))  # fmt: skip
+        do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+        u_t = tl.load(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+        du_t = tl.load(_tile(dU, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+        v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        d_bv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # D: d(βV)
+        d_v = (d_bv * b[:, None]).to(dv.dtype.element_ty)
+        tl.store(_tile(dv, bos, length, h, c, vb * BV, H, V, BT, BV), d_v, boundary_check=(0, 1))
+        d_beta += tl.sum(v_t * d_bv, axis=1)
+        d_aqk += tl.dot(do_t, tl.trans(u_t), input_precision=PREC)
+        d_l -= tl.dot(d_bv.to(dtype), tl.trans(u_t), input_precision=PREC)
+        d_qhat += tl.dot(do_t, tl.trans(s_t), input_precision=PREC)
+        d_kcheck += tl.dot(u_t, tl.trans(ds_t), input_precision=PREC)
+        d_bk -= tl.dot(d_bv.to(dtype), tl.trans(s_t), input_precision=PREC)
+        d_last += tl.sum(s_t.to(tl.float32) * ds_t.to(tl.float32), axis=1)
+    k_t = tl.load(_tile(k, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+    d_aqk = tl.where(rows >= cols, d_aqk * scale, 0.0)
+    d_l = tl.where(rows > cols, d_l, 0.0)
+    d_beta += tl.sum(d_l * tl.load(_tile(A_kk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1)), axis=1)
+    d_akk = d_l * b[:, None]
+    if DECAY == DECAY_HEAD:
+        g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
+        ratio = tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
+        d_aqk *= ratio
+        d_akk *= ratio
+        d_beta += tl.sum(k_t * tl.exp(g_t) * d_bk, axis=1)
+        d_kp = d_bk * (b[:, None] * tl.exp(g_t))
+        d_kcheck *= tl.exp(g_last[None, :] - g_t)
+    else:
+        d_beta += tl.sum(k_t * d_bk, axis=1)
+        d_kp = d_bk * b[:, None]
+    if HAS_BETA:
+        tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
+    d_kp += tl.dot(d_akk, k_t, input_precision=PREC)
+    q_t = tl.load(_tile(q, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+    d_km = d_kcheck + tl.dot(tl.trans(d_akk), k_t, input_precision=PREC)
+    d_km += tl.dot(tl.trans(d_aqk), q_t, input_precision=PREC)
+    tl.store(_tile(dk, bos, length, h, c, 0, H, K, BT, BK), (d_kp + d_km).to(dk.dtype.element_ty),
+             boundary_check=(0, 1))  # fmt: skip
+    if DECAY == DECAY_HEAD:
+        d_g = tl.sum(k_t * (d_kp - d_km), axis=1)
+        # the chunk's last step: the decay of the carried state and of every write into it
+        last = tl.sum(tl.exp(g_last) * d_last + tl.sum(k_t * d_kcheck, axis=0), axis=0)
+    d_q = d_qhat * scale
+    if DECAY == DECAY_HEAD:
+        d_q *= tl.exp(g_t)
+    d_q += tl.dot(d_aqk, k_t, input_precision=PREC)
+    tl.store(_tile(dq, bos, length, h, c, 0, H, K, BT, BK), d_q.to(dq.dtype.element_ty), boundary_check=(0, 1))
+    if DECAY == DECAY_HEAD:
+        d_g += tl.sum(q_t * d_q, axis=1)
+        d_g = tl.where(t_idx == valid - 1, d_g + last, d_g)
+        d_g = tl.cumsum(tl.where(t_idx < valid, d_g, 0.0), axis=0, reverse=True)
+        tl.store(dg + (bos + c * BT + t_idx) * H + h, d_g.to(dg.dtype.element_ty), mask=t_idx < valid)
 
 
 @triton.jit
