@@ -50,9 +50,17 @@ def test_matches_reference(cell, T, K, V, with_state):
 
 @pytest.mark.parametrize("cell", ["deltanet", "gated_deltanet"])
 def test_tied_erase_general_backward(cell, monkeypatch):
-    """DeltaNet and GDN take the fused backward kernel up to ``FUSED_MAX_K``, the general kernels (KDA's) past it."""
+    """DeltaNet and GDN take the fused backward kernel up to ``FUSED_MAX_K``, the general kernels (KDA's) past it;
+    K = 72 spans two 64-wide key blocks there."""
     monkeypatch.setattr(chunk, "FUSED_MAX_K", 0)
-    inputs = make_inputs(cell, B=2, T=65, H=2, K=40, V=12, initial_state=True, seed=7)
+    inputs = make_inputs(cell, B=1, T=65, H=2, K=72, V=12, initial_state=True, seed=7)
+    compare(cell, inputs, 1e-5)
+
+
+@pytest.mark.parametrize("cell", ["gla", "kda", "gammanet"])
+def test_two_key_blocks(cell):
+    """K = 72: two 64-wide key blocks in the backward's per-block kernels (a bug there passed every K ≤ 64 test)."""
+    inputs = make_inputs(cell, B=1, T=65, H=1, K=72, V=12, initial_state=True, seed=8)
     compare(cell, inputs, 1e-5)
 
 

@@ -82,7 +82,8 @@ class _Layout:
         if q.dtype == torch.float32:
             self.state_stages = self.stages = 1
         else:
-            self.state_stages, self.stages = 2, (3 if self.key_dim <= 128 else 2)
+            # past K = 128 the per-channel state passes need over 228 KB of shared memory with 2 stages
+            self.state_stages, self.stages = (2, 3) if self.key_dim <= 128 else (1, 2)
 
     def warps(self, kernel: str) -> int:
         """``WARPS[kernel]`` for 16-bit inputs with K, V ≥ 64, else 4. With 8 warps the backward's fused and local

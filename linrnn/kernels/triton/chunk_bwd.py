@@ -112,9 +112,9 @@ def chunk_bwd_main_kernel(
     d_ws = tl.zeros([BT, BK], dtype=tl.float32)
     d_last = tl.zeros([BK], dtype=tl.float32)
     for vb in range(0, tl.cdiv(V, BV)):
-        s_t = tl.load(tl.make_block_ptr(states + state_base, (K, V), (V, 1), (0, vb * BV), (BK, BV), (1, 0)),
+        s_t = tl.load(tl.make_block_ptr(states + state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
                       boundary_check=(0, 1))  # fmt: skip
-        ds_t = tl.load(tl.make_block_ptr(dstates + state_base, (K, V), (V, 1), (0, vb * BV), (BK, BV), (1, 0)),
+        ds_t = tl.load(tl.make_block_ptr(dstates + state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
                        boundary_check=(0, 1))  # fmt: skip
         do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
         if ERASE:
