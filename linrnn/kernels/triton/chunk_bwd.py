@@ -18,10 +18,11 @@ of A_kk and dk₋ from Ǩ and the columns of A_kk and A_qk. The chunk's last ste
 ``Γ_C Σ_v S ⊙ dS' + Σ_t Ǩ ⊙ dǨ`` (everything multiplied by Γ_C), and ``dg`` is the reverse cumsum of dG
 inside the chunk (G is the chunk-local cumsum of g).
 
-Kernels, in launch order: ``state_bwd`` (reverse over chunks: dS' per chunk, dU, dS_0), ``main`` (per chunk
-and K block: dQ̂, dǨ, dW_s; with the first K block dA_qk, dT, dv, part of dβ), ``wy`` (the solve's
-gradients: dA_kk, dk₊ from K̂, the rest of dβ), ``intra`` (gradients through A_qk and A_kk, sums with the
-parts, dq, dk, dG), then the forward's cumsum kernel reversed for dg.
+Kernels, in launch order: ``state_bwd`` (reverse over chunks: dS' per chunk, dU, dS_0); then, for a tied
+erase with no or per-head decay (DeltaNet, GDN), ``fused`` (everything else, per chunk); otherwise ``main``
+(per chunk and K block: dQ̂, dǨ, dW_s), ``local`` (per chunk: dA_qk, dv, dβ, the solve's gradients dA_kk and
+dk₊ from K̂), ``intra`` (gradients through A_qk and A_kk, sums with the parts, dq, dk, dG), then the forward's
+cumsum kernel reversed for dg.
 """
 
 from __future__ import annotations
