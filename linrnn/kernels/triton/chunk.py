@@ -40,9 +40,9 @@ from linrnn.kernels.triton.chunk_fwd import (
 CHUNK = 64
 SUB_CHUNK = 16
 MAX_BLOCK = 256  # K up to 256: the state kernels hold all of K
-# warps per program, by kernel: with 4, the larger kernels' [64, 64] fp32 tiles spill out of registers
 STATE_BLOCK_V = {64: 64, 128: 64, 256: 16}  # key width -> most value columns per state-pass program
 STATE_MIN_PROGRAMS = 256
+# warps per program, by kernel: with 4, the larger kernels' [64, 64] fp32 tiles spill out of registers
 WARPS = dict(intra=4, solve=4, wu=4, state_fwd=8, output=4, state_bwd=8, main=8, local=4, bwd_intra=4, fused=8)
 # tied erase with no or per-head decay (DeltaNet, GDN): one backward kernel after the state pass, up to this K
 FUSED_MAX_K = 128
@@ -209,14 +209,12 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     if erase and not decoupled and decay != DECAY_CHANNEL.value and K <= FUSED_MAX_K:
         dq, dk, dv = (new_output(x.shape, x.dtype, device) for x in (q, k, v))
         dg = new_output(g.shape, g.dtype, device) if g is not None else None
-        (dbeta,) = buffers(1, TT, H, when=has_beta)
+        dbeta = new_output(beta.shape, beta.dtype, device) if has_beta else None
         chunk_bwd_fused_kernel[(NT, H)](
             q, k, v, beta, G, saved["T"], saved["A_kk"], states, dstates, saved["U"], dU, do, dq, dk, dv, dg, dbeta,
             **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, FUSED_MAX_K), BV=_block(V, FUSED_BLOCK_V),
             DECAY=decay, HAS_BETA=has_beta, PREC=precision, num_warps=layout.warps("fused"), num_stages=layout.stages,
         )  # fmt: skip
-        if dbeta is not None:
-            dbeta = dbeta.to(beta.dtype).view(beta.shape)
         return dq, dk, None, dv, dg, dbeta, d_initial
 
     dq_part, dk_minus = buffers(2, TT, H, K)

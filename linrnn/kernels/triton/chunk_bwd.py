@@ -314,6 +314,7 @@ def chunk_bwd_fused_kernel(
         d_beta += tl.sum(k_t * d_bk, axis=1)
         d_kp = d_bk * b[:, None]
     if HAS_BETA:
+        d_beta = d_beta.to(dbeta.dtype.element_ty)
         tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
     d_kp += tl.dot(d_akk, k_t, input_precision=PREC)
     q_t = tl.load(_tile(q, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
