@@ -10,7 +10,8 @@ forward and backward of ``kernels/triton/chunk.py`` for training and long
 sequences; the fused recurrent forward for decoding, sequences of up to
 ``FUSED_RECURRENT_MAX_STEPS`` steps without autograd), ``"auto"`` (Triton on CUDA,
 torch elsewhere). GammaNet's fold (``Γq``, ``Γ⁻¹k``) is elementwise torch work
-before the chunkwise kernels, so autograd gives the gradient of ``log_gamma``.
+before the chunkwise kernels, so autograd gives the gradient of ``log_gamma``;
+the folded op runs in fp32 whatever the input dtype (see ``_dispatch``).
 The final state is fp32 (fp64 for fp64 inputs); ``o`` has ``v``'s dtype.
 """
 
@@ -219,12 +220,14 @@ def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
 
         return fused_recurrent_fwd(q, w, v, e, g, beta, log_gamma=log_gamma, **args)
 
+    out_dtype = v.dtype
     if log_gamma is not None:  # the fold identity: run on Γ⁻¹S with query Γq, write key Γ⁻¹k, erase e
+        # Everything after the fold is fp32 (the Triton kernels too, which take one dtype for q, k, e, v): d log Γ
+        # is a sum over all tokens of Γq ⊙ d(Γq) − Γ⁻¹k ⊙ d(Γ⁻¹k) whose read/write parts cancel, so rounding Γq,
+        # Γ⁻¹k or their gradients to bf16 gave d log Γ relative errors over 1e-2.
         dtype = compute_dtype(q.dtype)
         gamma = log_gamma.to(dtype).exp()  # [H, K]
-        # the Triton kernels take q, k, e in one dtype; the torch backends compute in fp32/fp64 anyway
-        kernel_dtype = q.dtype if use_triton else dtype
-        q, w, e = (q.to(dtype) * gamma).to(kernel_dtype), (w.to(dtype) / gamma).to(kernel_dtype), e.to(kernel_dtype)
+        q, w, e, v = q.to(dtype) * gamma, w.to(dtype) / gamma, e.to(dtype), v.to(dtype)
         if args["initial_state"] is not None:
             args["initial_state"] = args["initial_state"].to(dtype) / gamma[:, :, None]
     if options.backend == "reference":
@@ -232,12 +235,12 @@ def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
     elif use_triton:
         from linrnn.kernels.triton.chunk import chunk_recurrence
 
-        o, final = chunk_recurrence(q, w, v, e, g, beta, **args)
+        o, final = chunk_recurrence(q, w, v, e, g, beta, fp32_accurate=out_dtype == torch.float32, **args)
     else:
         o, final = recurrence_chunked(q, w, v, e, g, beta, chunk_size=options.chunk_size, **args)
     if log_gamma is not None and final is not None:
         final = final * gamma[:, :, None]
-    return o, final
+    return o.to(out_dtype), final
 
 
 def _needs_grad(tensors) -> bool:

@@ -72,9 +72,10 @@ def test_varlen(cell):
     compare(cell, inputs, 1e-5, cu_seqlens=cu_seqlens)
 
 
-@pytest.mark.parametrize("cell", ["deltanet", "kda"])
+@pytest.mark.parametrize("cell", ["deltanet", "kda", "gammanet"])
 def test_extreme_gates(cell):
-    """Log-decay −20 per step on some steps (per channel for KDA), beta exactly 0 and 1: finite and exact."""
+    """Log-decay −20 per step on some steps (per channel for KDA and GammaNet), beta exactly 0 and 1: finite and
+    exact."""
     inputs = make_inputs(cell, B=1, T=70, H=2, K=16, V=8, initial_state=True, seed=11)
     beta = inputs["beta"]
     beta[:, ::5], beta[:, 1::5] = 0.0, 1.0

@@ -13,6 +13,8 @@ fp32-accurate products (``input_precision="tf32x3"``), not plain tf32.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from torch import Tensor
@@ -49,34 +51,47 @@ FUSED_MAX_K = 128
 FUSED_BLOCK_V = 32
 
 
+def _chunk_index(lengths: Tensor, device) -> tuple[int, int, Tensor, Tensor]:
+    """Sequences, chunks, ``chunk_index`` ``[NT, 2]`` (sequence, chunk in it) and each sequence's first chunk
+    ``[N + 1]`` (int32, on ``device``) for sequence ``lengths`` (int64, on the CPU)."""
+    counts = (lengths + CHUNK - 1) // CHUNK
+    num_chunks = int(counts.sum())
+    sequence = torch.repeat_interleave(torch.arange(lengths.numel()), counts)
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    within = torch.arange(num_chunks) - offsets[:-1].repeat_interleave(counts)
+    index = torch.stack([sequence, within], dim=1).to(torch.int32).to(device)
+    return lengths.numel(), num_chunks, index, offsets.to(torch.int32).to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _equal_lengths_index(batch: int, steps: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """``cu_seqlens``, ``chunk_index`` and ``chunk_offsets`` of ``batch`` sequences of ``steps``, cached per shape
+    (building them costs a host-to-device copy, which waits for the GPU)."""
+    cu_seqlens = torch.arange(0, batch + 1, dtype=torch.int32) * steps
+    _, _, index, offsets = _chunk_index(torch.full((batch,), steps, dtype=torch.int64), device)
+    return cu_seqlens.to(device), index, offsets
+
+
 class _Layout:
     """Packed-sequence bookkeeping shared by the forward and backward launches."""
 
-    def __init__(self, q: Tensor, v: Tensor, g: Tensor | None, cu_seqlens: Tensor | None):
+    def __init__(self, q: Tensor, v: Tensor, g: Tensor | None, cu_seqlens: Tensor | None, fp32_accurate: bool):
         batch, steps, self.heads, self.key_dim = q.shape
         self.value_dim = v.shape[-1]
         self.tokens = batch * steps
-        device = q.device
-        if cu_seqlens is None:
-            lengths = torch.full((batch,), steps, dtype=torch.int64)
-            self.cu_seqlens = torch.arange(0, batch + 1, dtype=torch.int32, device=device) * steps
+        if cu_seqlens is None:  # no host work or device sync: the index only depends on the shape
+            self.sequences, self.num_chunks = batch, batch * triton.cdiv(steps, CHUNK)
+            self.cu_seqlens, self.chunk_index, self.chunk_offsets = _equal_lengths_index(batch, steps, q.device)
         else:
-            lengths = cu_seqlens.diff().cpu()
+            lengths = cu_seqlens.diff().cpu()  # a device sync: the grids need the number of chunks
             self.cu_seqlens = cu_seqlens.to(torch.int32)
-        counts = (lengths + CHUNK - 1) // CHUNK
-        self.sequences = lengths.numel()
-        self.num_chunks = int(counts.sum())
-        sequence = torch.repeat_interleave(torch.arange(self.sequences), counts)
-        offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-        within = torch.arange(self.num_chunks) - offsets[:-1].repeat_interleave(counts)
-        self.chunk_index = torch.stack([sequence, within], dim=1).to(torch.int32).to(device)
-        self.chunk_offsets = offsets.to(torch.int32).to(device)
+            self.sequences, self.num_chunks, self.chunk_index, self.chunk_offsets = _chunk_index(lengths, q.device)
         decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
         self.decay = decay.value  # a plain int for the launches
         self.block_k = _block(self.key_dim, MAX_BLOCK)
         # fp32 products as three tf32 ones (fp32 accuracy): "ieee" gave wrong gradients at K >= 100 on H200
         # with triton 3.6 (the same kernels pass with tf32, at tf32 accuracy)
-        self.precision = "tf32x3" if q.dtype == torch.float32 else "tf32"
+        self.precision = "tf32x3" if q.dtype == torch.float32 and fp32_accurate else "tf32"
         self.half = q.dtype != torch.float32
         # software pipelining depth, within shared memory up to K = V = 256: fp32 tiles take twice the space
         if q.dtype == torch.float32:
@@ -92,10 +107,12 @@ class _Layout:
         return WARPS[kernel] if self.half and min(self.key_dim, self.value_dim) >= 64 else 4
 
 
-def chunk_forward(q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens):
+def chunk_forward(
+    q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens, fp32_accurate=True
+):
     """Forward launches. ``k``: the erase direction (the write key when tied or without erase); ``w``: the write
     key when decoupled (w ≠ k), else None. Returns ``(o, final_state, saved)``, ``saved`` for the backward."""
-    layout = _Layout(q, v, g, cu_seqlens)
+    layout = _Layout(q, v, g, cu_seqlens, fp32_accurate)
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
     common = dict(cu_seqlens=layout.cu_seqlens, chunk_index=layout.chunk_index)
@@ -273,12 +290,12 @@ class ChunkRecurrence(torch.autograd.Function):
     """The recurrence with Triton forward and backward; arguments as ``chunk_forward``."""
 
     @staticmethod
-    def forward(ctx, q, k, w, v, g, beta, initial_state, erase, scale, output_final_state, cu_seqlens):
+    def forward(ctx, q, k, w, v, g, beta, initial_state, erase, scale, output_final_state, cu_seqlens, fp32_accurate):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         w, g, beta, initial_state = (None if x is None else x.contiguous() for x in (w, g, beta, initial_state))
         o, final, saved = chunk_forward(
             q, k, w, v, g, beta, erase=erase, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens, fp32_accurate=fp32_accurate,
         )  # fmt: skip
         names = ["G", "A_qk", "A_kk", "A_qw", "A_kw", "T", "W_s", "U", "states"]
         ctx.save_for_backward(q, k, w, v, g, beta, initial_state, *(saved[n] for n in names))
@@ -294,13 +311,15 @@ class ChunkRecurrence(torch.autograd.Function):
         )
         if d_initial is not None:
             d_initial = d_initial.to(initial_state.dtype)
-        return dq, dk, dw, dv, dg, dbeta, d_initial, None, None, None, None
+        return dq, dk, dw, dv, dg, dbeta, d_initial, None, None, None, None, None
 
 
-def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None):
+def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
+                     fp32_accurate=True):  # fmt: skip
     """Same arguments and results as ``recurrence_reference`` (``e is w``: tied; None: no erase), with autograd.
-    Inputs must be validated already (``ops`` does); K and V up to 256."""
-    if e is None or e is w:
-        return ChunkRecurrence.apply(q, w, None, v, g, beta, initial_state, e is not None, scale, output_final_state,
-                                     cu_seqlens)  # fmt: skip
-    return ChunkRecurrence.apply(q, e, w, v, g, beta, initial_state, True, scale, output_final_state, cu_seqlens)
+    Inputs must be validated already (``ops`` does); K and V up to 256. fp32 inputs get fp32-accurate products
+    unless ``fp32_accurate`` is False (then tf32: GammaNet's fold of 16-bit inputs, which runs in fp32 for the
+    precision of d log Γ, not for fp32 accuracy)."""
+    erase_direction, write_key = (w, None) if e is None or e is w else (e, w)  # the kernels' k and w
+    return ChunkRecurrence.apply(q, erase_direction, write_key, v, g, beta, initial_state, e is not None, scale,
+                                 output_final_state, cu_seqlens, fp32_accurate)  # fmt: skip

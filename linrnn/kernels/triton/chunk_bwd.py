@@ -34,9 +34,11 @@ from linrnn.kernels.triton.chunk_fwd import (
     DECAY_CHANNEL,
     DECAY_HEAD,
     DECAY_NONE,
+    LEVELS,
     _beta,
     _chunk_bounds,
     _tile,
+    level_factors,
     load_decay,
     state_program,
 )
@@ -507,26 +509,35 @@ def chunk_bwd_intra_kernel(
             d_akw = tl.where(rows > cols, tl.load(block, boundary_check=(0, 1)), 0.0)
             w_s = tl.load(tl.make_block_ptr(wh, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0)),
                           boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
-        for j in range(0, BC):  # the diagonal block, column j: exact ratios Γ_r/Γ_j for r ≥ j
-            t_j = c * BT + r0 + j
-            j_mask = k_mask & (r0 + j < valid)
-            k_j = tl.load(kh + t_j * row_stride + k_idx, mask=j_mask, other=0).to(tl.float32)
-            g_j = tl.load(gh + t_j * row_stride + k_idx, mask=j_mask, other=0)
-            ratio = tl.exp(tl.where((rows >= j) & row_valid & (r0 + j < valid), g_s - g_j[None, :], 0.0))
-            col_q = tl.sum(tl.where(cols == j, d_aqk, 0.0), axis=1)[:, None]
-            col_k = tl.sum(tl.where(cols == j, d_akk, 0.0), axis=1)[:, None]
-            d_q += col_q * k_j[None, :] * ratio
-            d_kp += col_k * k_j[None, :] * ratio
-            row_j = tl.sum((col_q * q_s + col_k * k_s) * ratio, axis=0)
-            d_km += tl.where(rows == j, row_j[None, :], 0.0)
+        # the diagonal block: its diagonal plain, its lower pairs level by level through reference steps
+        diagonal = rows == cols
+        diag_qk = tl.sum(tl.where(diagonal, d_aqk, 0.0), axis=1)[:, None]
+        d_q += diag_qk * k_s
+        d_km += diag_qk * q_s
+        if DECOUPLED:
+            diag_qw = tl.sum(tl.where(diagonal, d_aqw, 0.0), axis=1)[:, None]
+            d_q += diag_qw * w_s
+            d_wm += diag_qw * q_s
+        g_block, x_valid = gh + (c * BT + r0) * row_stride, r0 + tl.arange(0, BC) < valid
+        for level in tl.static_range(LEVELS):
+            left, right, pairs = level_factors(g_block, g_s, x_valid, valid - r0, k_idx, row_stride, K, BC,
+                                               BC >> (level + 1))  # fmt: skip
+            q_left, k_left, k_right = q_s * left, k_s * left, k_s * right
+            level_qk = tl.where(pairs, d_aqk, 0.0)
+            d_q += left * tl.dot(level_qk, k_right, input_precision=PREC)
+            down = tl.dot(tl.trans(level_qk), q_left, input_precision=PREC)
+            if ERASE:
+                level_kk = tl.where(pairs, d_akk, 0.0)
+                d_kp += left * tl.dot(level_kk, k_right, input_precision=PREC)
+                down += tl.dot(tl.trans(level_kk), k_left, input_precision=PREC)
+            d_km += right * down
             if DECOUPLED:
-                w_j = tl.load(wh + t_j * row_stride + k_idx, mask=j_mask, other=0).to(tl.float32)
-                col_qw = tl.sum(tl.where(cols == j, d_aqw, 0.0), axis=1)[:, None]
-                col_kw = tl.sum(tl.where(cols == j, d_akw, 0.0), axis=1)[:, None]
-                d_q += col_qw * w_j[None, :] * ratio
-                d_kp += col_kw * w_j[None, :] * ratio
-                row_j = tl.sum((col_qw * q_s + col_kw * k_s) * ratio, axis=0)
-                d_wm += tl.where(rows == j, row_j[None, :], 0.0)
+                w_right = w_s * right
+                level_qw, level_kw = tl.where(pairs, d_aqw, 0.0), tl.where(pairs, d_akw, 0.0)
+                d_q += left * tl.dot(level_qw, w_right, input_precision=PREC)
+                d_kp += left * tl.dot(level_kw, w_right, input_precision=PREC)
+                down_w = tl.dot(tl.trans(level_qw), q_left, input_precision=PREC)
+                d_wm += right * (down_w + tl.dot(tl.trans(level_kw), k_left, input_precision=PREC))
         part = tl.make_block_ptr(dq_part + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
         d_q += tl.load(part, boundary_check=(0, 1))
         part = tl.make_block_ptr(dk_minus + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK),

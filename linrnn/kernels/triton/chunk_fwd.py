@@ -32,6 +32,7 @@ import triton.language as tl
 
 # Kernels read module globals only as constexpr.
 DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+LEVELS = tl.constexpr(4)  # log2(BC): levels of the diagonal blocks' split (``level_factors``)
 
 
 @triton.jit
@@ -68,6 +69,31 @@ def chunk_cumsum_kernel(
     sums = tl.cumsum(values, axis=0, reverse=REVERSE)
     o_block = tl.make_block_ptr(out + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, d0), (BT, BD), (1, 0))
     tl.store(o_block, sums.to(out.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def level_factors(g_block, g_x, x_valid, count, k_idx, row_stride, K: tl.constexpr, BC: tl.constexpr,
+                  HALF: tl.constexpr):  # fmt: skip
+    """One level of the exact split of a ``BC``-step block's strictly lower pairs (r > j), per channel.
+
+    Level ``HALF`` (BC/2, BC/4, .., 1) takes the pairs whose steps fall in one group of ``2·HALF`` steps, r in its
+    lower half and j in its upper half, through the group's reference step ``m`` (the upper half's last):
+    ``Γ_r/Γ_j = exp(G_r − G_m) · exp(G_m − G_j)``, both factors ≤ 1 because G falls along the chunk, so no gate
+    overflows. Over the levels every pair r > j is taken once (the highest bit where r and j differ).
+    ``g_block``: G at the block's first step; ``g_x`` ``[BC, BK]``: G of the block; ``count``: its valid steps.
+    Returns ``left`` (rows' factors, 0 on upper halves), ``right`` (columns' factors, 0 on lower halves; 0 where
+    m is past the end, as no valid row pairs with them) and the level's pair mask ``[BC, BC]``."""
+    x = tl.arange(0, BC)
+    m = (x // (2 * HALF)) * (2 * HALF) + HALF - 1
+    lower = x % (2 * HALF) >= HALF
+    g_m = tl.load(g_block + m[:, None] * row_stride + k_idx[None, :], mask=(m < count)[:, None] & (k_idx < K)[None, :],
+                  other=0)  # fmt: skip
+    lower2 = lower[:, None]
+    ok = tl.where(lower, x_valid, m < count)[:, None]
+    factor = tl.exp(tl.where(ok, tl.where(lower2, g_x - g_m, g_m - g_x), float("-inf")))
+    rows, cols = x[:, None], x[None, :]
+    pairs = (rows // (2 * HALF) == cols // (2 * HALF)) & (rows % (2 * HALF) >= HALF) & (cols % (2 * HALF) < HALF)
+    return tl.where(lower2, factor, 0.0), tl.where(lower2, 0.0, factor), pairs
 
 
 @triton.jit
@@ -166,30 +192,36 @@ def chunk_intra_kernel(
                     w_right = tl.trans(w_b * right).to(w_b.dtype)
                     qw += tl.dot((q_a * left).to(q_a.dtype), w_right, input_precision=PREC)
                     kw += tl.dot((k_a * left).to(k_a.dtype), w_right, input_precision=PREC)
-        elif a == b:
+        elif a == b:  # the diagonal block: its lower pairs through one reference step per level, the diagonal plain
+            g_block, count = g + (c * BT + a * BC) * row_stride, valid - a * BC
+            x_valid = a * BC + tl.arange(0, BC) < valid
+            diagonal = rows == cols
             for kb in range(0, tl.cdiv(K, BK)):
                 k_idx = kb * BK + tl.arange(0, BK)
                 origin_a = (c * BT + a * BC, kb * BK)
                 q_a = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+                              boundary_check=(0, 1))  # fmt: skip
                 k_a = tl.load(tl.make_block_ptr(k, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+                              boundary_check=(0, 1))  # fmt: skip
                 g_a = tl.load(tl.make_block_ptr(g, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
                               boundary_check=(0, 1))  # fmt: skip
-                for j in range(0, BC):  # column j: exact ratios Γ_r/Γ_j for r ≥ j
-                    t_j = c * BT + a * BC + j
-                    j_mask = (k_idx < K) & (a * BC + j < valid)
-                    k_j = tl.load(k + t_j * row_stride + k_idx, mask=j_mask, other=0).to(tl.float32)
-                    g_j = tl.load(g + t_j * row_stride + k_idx, mask=j_mask, other=0)
-                    ratio = tl.exp(tl.where((rows >= j) & row_valid, g_a - g_j[None, :], 0.0))
-                    kr = k_j[None, :] * ratio
-                    qk += tl.where(cols == j, tl.sum(q_a * kr, axis=1)[:, None], 0.0)
+                qk += tl.where(diagonal, tl.sum(q_a.to(tl.float32) * k_a.to(tl.float32), axis=1)[:, None], 0.0)
+                if DECOUPLED:
+                    w_a = tl.load(tl.make_block_ptr(w, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
+                                  boundary_check=(0, 1))  # fmt: skip
+                    qw += tl.where(diagonal, tl.sum(q_a.to(tl.float32) * w_a.to(tl.float32), axis=1)[:, None], 0.0)
+                for level in tl.static_range(LEVELS):
+                    left, right, pairs = level_factors(g_block, g_a, x_valid, count, k_idx, row_stride, K, BC,
+                                                       BC >> (level + 1))  # fmt: skip
+                    k_right = tl.trans(k_a * right).to(k_a.dtype)
+                    q_left = (q_a * left).to(q_a.dtype)
+                    qk += tl.where(pairs, tl.dot(q_left, k_right, input_precision=PREC), 0.0)
                     if ERASE:
-                        kk += tl.where(cols == j, tl.sum(k_a * kr, axis=1)[:, None], 0.0)
+                        kk += tl.where(pairs, tl.dot((k_a * left).to(k_a.dtype), k_right, input_precision=PREC), 0.0)
                     if DECOUPLED:
-                        wr = tl.load(w + t_j * row_stride + k_idx, mask=j_mask, other=0).to(tl.float32)[None, :] * ratio
-                        qw += tl.where(cols == j, tl.sum(q_a * wr, axis=1)[:, None], 0.0)
-                        kw += tl.where(cols == j, tl.sum(k_a * wr, axis=1)[:, None], 0.0)
+                        w_right = tl.trans(w_a * right).to(w_a.dtype)
+                        qw += tl.where(pairs, tl.dot(q_left, w_right, input_precision=PREC), 0.0)
+                        kw += tl.where(pairs, tl.dot((k_a * left).to(k_a.dtype), w_right, input_precision=PREC), 0.0)
             qk = tl.where(rows >= cols, qk, 0.0)
             kk = tl.where(rows > cols, kk, 0.0)
             qw = tl.where(rows >= cols, qw, 0.0)
