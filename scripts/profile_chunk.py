@@ -12,8 +12,7 @@ benchmarks/test_chunk_gpu.py). Inputs as scripts/time_chunk_quick.py: bf16 q, k,
 
 ``--variants`` compares launch settings side by side, each a comma list of ``kernel=warps`` (keys of
 ``chunk.WARPS``), ``bv<K>=columns`` (``chunk.STATE_BLOCK_V``), ``programs=n`` (``chunk.STATE_MIN_PROGRAMS``),
-``fused_k=n`` (``chunk.FUSED_MAX_K``; 0: never the fused backward), ``fused_bk=n`` and ``fused_bv=n``
-(``chunk.FUSED_BLOCK_K``, ``chunk.FUSED_BLOCK_V``);
+``fused_k=n`` (``chunk.FUSED_MAX_K``; 0: never the fused backward) and ``fused_bv=n`` (``chunk.FUSED_BLOCK_V``);
 "" is the defaults.
 """
 
@@ -99,15 +98,10 @@ def kernel_table(run, repeats):
 
 def apply_variant(variant, defaults):
     """Reset the launch settings to ``defaults``, then apply ``variant`` (see the module docstring)."""
-    warps, block_v, programs, fused_k, fused_bk, fused_v = defaults
+    warps, block_v, programs, fused_k, fused_v = defaults
     chunk.WARPS.update(warps)
     chunk.STATE_BLOCK_V.update(block_v)
-    chunk.STATE_MIN_PROGRAMS, chunk.FUSED_MAX_K, chunk.FUSED_BLOCK_K, chunk.FUSED_BLOCK_V = (
-        programs,
-        fused_k,
-        fused_bk,
-        fused_v,
-    )
+    chunk.STATE_MIN_PROGRAMS, chunk.FUSED_MAX_K, chunk.FUSED_BLOCK_V = programs, fused_k, fused_v
     for item in filter(None, variant.split(",")):
         key, value = item.split("=")
         if key in chunk.WARPS:
@@ -118,8 +112,6 @@ def apply_variant(variant, defaults):
             chunk.STATE_MIN_PROGRAMS = int(value)
         elif key == "fused_k":
             chunk.FUSED_MAX_K = int(value)
-        elif key == "fused_bk":
-            chunk.FUSED_BLOCK_K = int(value)
         elif key == "fused_bv":
             chunk.FUSED_BLOCK_V = int(value)
         else:
@@ -175,7 +167,6 @@ def main():
         dict(chunk.STATE_BLOCK_V),
         chunk.STATE_MIN_PROGRAMS,
         chunk.FUSED_MAX_K,
-        chunk.FUSED_BLOCK_K,
         chunk.FUSED_BLOCK_V,
     )
     for cell in args.cells:
