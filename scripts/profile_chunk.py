@@ -12,7 +12,8 @@ benchmarks/test_chunk_gpu.py). Inputs as scripts/time_chunk_quick.py: bf16 q, k,
 
 ``--variants`` compares launch settings side by side, each a comma list of ``kernel=warps`` (keys of
 ``chunk.WARPS``), ``bv<K>=columns`` (``chunk.STATE_BLOCK_V``), ``programs=n`` (``chunk.STATE_MIN_PROGRAMS``),
-``fused_k=n`` (``chunk.FUSED_MAX_K``; 0: never the fused backward) and ``fused_bv=n`` (``chunk.FUSED_BLOCK_V``);
+``fused_k=n`` (``chunk.FUSED_MAX_K``; 0: never the fused backward), ``fused_bv=n`` (``chunk.FUSED_BLOCK_V``),
+``state_stages=n`` and ``stages=n`` (``chunk.STAGES_16BIT`` up to K = 128);
 "" is the defaults.
 """
 
@@ -98,13 +99,18 @@ def kernel_table(run, repeats):
 
 def apply_variant(variant, defaults):
     """Reset the launch settings to ``defaults``, then apply ``variant`` (see the module docstring)."""
-    warps, block_v, programs, fused_k, fused_v = defaults
+    warps, block_v, programs, fused_k, fused_v, stages = defaults
     chunk.WARPS.update(warps)
     chunk.STATE_BLOCK_V.update(block_v)
     chunk.STATE_MIN_PROGRAMS, chunk.FUSED_MAX_K, chunk.FUSED_BLOCK_V = programs, fused_k, fused_v
+    chunk.STAGES_16BIT[:] = stages
     for item in filter(None, variant.split(",")):
         key, value = item.split("=")
-        if key in chunk.WARPS:
+        if key == "state_stages":
+            chunk.STAGES_16BIT[0] = (int(value), chunk.STAGES_16BIT[0][1])
+        elif key == "stages":
+            chunk.STAGES_16BIT[0] = (chunk.STAGES_16BIT[0][0], int(value))
+        elif key in chunk.WARPS:
             chunk.WARPS[key] = int(value)
         elif key.startswith("bv"):
             chunk.STATE_BLOCK_V[int(key[2:])] = int(value)
@@ -168,6 +174,7 @@ def main():
         chunk.STATE_MIN_PROGRAMS,
         chunk.FUSED_MAX_K,
         chunk.FUSED_BLOCK_V,
+        list(chunk.STAGES_16BIT),
     )
     for cell in args.cells:
         results = {}
