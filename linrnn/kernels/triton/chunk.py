@@ -43,7 +43,7 @@ CHUNK = 64
 SUB_CHUNK = 16
 MAX_BLOCK = 256  # K up to 256: the state kernels hold all of K
 STATE_BLOCK_V = {64: 64, 128: 64, 256: 16}  # key width -> most value columns per state-pass program
-STATE_MIN_PROGRAMS = 256
+STATE_MIN_PROGRAMS = 128  # 256 halved the state columns at 2×16384 and doubled the backward state pass
 # warps per program, by kernel (chosen by timing on an H100, B×T = 8×4096, H = 16, K = V = 128, bf16): 8 where
 # [64, 64] fp32 tiles spill out of registers with 4; 1 for the 16 × 16 block solve, whose row-by-row substitution is
 # cross-thread reductions (2.9× faster than with 4 warps)
@@ -154,7 +154,7 @@ def chunk_forward(
             num_warps=layout.warps("solve"), num_stages=layout.stages,
         )  # fmt: skip
         W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
-        U_v = torch.empty(TT, H, V, dtype=dtype, device=device)
+        U_v = torch.empty(TT, H, V, dtype=torch.float32, device=device)
         chunk_wu_kernel[(NT, H)](
             k, v, beta, G, T, A_kw, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, 64),
             BV=_block(V, 64), DECAY=layout.decay, HAS_BETA=has_beta, DECOUPLED=decoupled,

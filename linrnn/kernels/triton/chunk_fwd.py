@@ -363,11 +363,9 @@ def chunk_wu_kernel(
     DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """``W_s = T Diag(β) (K ⊙ Γ)`` ``[TT, H, K]`` (k: the erase direction) and ``U_v = T Diag(β) V``
-    ``[TT, H, V]``, both in the inputs' dtype; decoupled, ``U_v = T P V`` with ``P = −Diag(β) A_kw Diag(β)``.
-    The products take their operands in the inputs' dtype (bf16/fp16: tensor cores), T rounded to it."""
+    ``[TT, H, V]`` (fp32); decoupled, ``U_v = T P V`` with ``P = −Diag(β) A_kw Diag(β)``."""
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
-    dtype = k.dtype.element_ty
     t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
     b = _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
     for kb in range(0, tl.cdiv(K, BK)):
@@ -376,7 +374,7 @@ def chunk_wu_kernel(
         if DECAY != DECAY_NONE:
             g_t, _ = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
             k_t *= tl.exp(g_t)
-        w_t = tl.dot(t_tile.to(dtype), k_t.to(dtype), input_precision=PREC)
+        w_t = tl.dot(t_tile, k_t, input_precision=PREC)
         tl.store(_tile(W_s, bos, length, h, c, kb * BK, H, K, BT, BK), w_t.to(W_s.dtype.element_ty),
                  boundary_check=(0, 1))  # fmt: skip
     if DECOUPLED:
@@ -384,7 +382,7 @@ def chunk_wu_kernel(
         t_tile = tl.dot(t_tile, -(b * a_kw * tl.trans(b)), input_precision=PREC)  # T P
     for vb in range(0, tl.cdiv(V, BV)):
         v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
-        u_t = tl.dot(t_tile.to(dtype), (v_t if DECOUPLED else v_t * b).to(dtype), input_precision=PREC)
+        u_t = tl.dot(t_tile, v_t if DECOUPLED else v_t * b, input_precision=PREC)
         tl.store(_tile(U_v, bos, length, h, c, vb * BV, H, V, BT, BV), u_t.to(U_v.dtype.element_ty),
                  boundary_check=(0, 1))  # fmt: skip
 
