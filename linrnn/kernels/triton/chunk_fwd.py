@@ -15,9 +15,10 @@ Kernels, in launch order: ``cumsum`` (G, fp32), ``intra`` (A_kk, A_qk), ``solve`
 
 Decay ratios never overflow: per-head decay masks the exponent ``G_r − G_i`` to
 ``i ≤ r`` before ``exp``. Per-channel decay computes each 16 × 16 block of A on its
-own: a diagonal block column by column with exact ratios, an off-diagonal block
-as one matmul factored through ``G_ref``, the last step before the row block
-(``exp(G_r − G_ref) · exp(G_ref − G_i)``, both ≤ 1). So any log-decay ≤ 0 is
+own: an off-diagonal block as one matmul factored through ``G_ref``, the last
+step before the row block (``exp(G_r − G_ref) · exp(G_ref − G_i)``, both ≤ 1), a
+diagonal block in ``LEVELS`` masked matmuls, each through one reference step per
+group of steps (``level_factors``), plus its plain diagonal. So any log-decay ≤ 0 is
 exact, with no gate clamp. Padded steps past a sequence's end load as zeros and
 their exponents are masked, so they never produce inf or NaN in valid rows.
 
