@@ -13,7 +13,8 @@ benchmarks/test_chunk_gpu.py). Inputs as scripts/time_chunk_quick.py: bf16 q, k,
 ``--variants`` compares launch settings side by side, each a comma list of ``kernel=warps`` (keys of
 ``chunk.WARPS``), ``bv<K>=columns`` (``chunk.STATE_BLOCK_V``), ``programs=n`` (``chunk.STATE_MIN_PROGRAMS``),
 ``fused_k=n`` (``chunk.FUSED_MAX_K``; 0: never the fused backward), ``fused_bv=n`` (``chunk.FUSED_BLOCK_V``),
-``state_stages=n`` and ``stages=n`` (``chunk.STAGES_16BIT`` up to K = 128);
+``state_stages=n`` and ``stages=n`` (``chunk.STAGES_16BIT`` up to K = 128), ``solve_wu_block=n``
+(``chunk.SOLVE_WU_BLOCK``);
 "" is the defaults.
 """
 
@@ -99,10 +100,11 @@ def kernel_table(run, repeats):
 
 def apply_variant(variant, defaults):
     """Reset the launch settings to ``defaults``, then apply ``variant`` (see the module docstring)."""
-    warps, block_v, programs, fused_k, fused_v, stages = defaults
+    warps, block_v, programs, fused_k, fused_v, stages, solve_wu_block = defaults
     chunk.WARPS.update(warps)
     chunk.STATE_BLOCK_V.update(block_v)
     chunk.STATE_MIN_PROGRAMS, chunk.FUSED_MAX_K, chunk.FUSED_BLOCK_V = programs, fused_k, fused_v
+    chunk.SOLVE_WU_BLOCK = solve_wu_block
     chunk.STAGES_16BIT[:] = stages
     for item in filter(None, variant.split(",")):
         key, value = item.split("=")
@@ -120,6 +122,8 @@ def apply_variant(variant, defaults):
             chunk.FUSED_MAX_K = int(value)
         elif key == "fused_bv":
             chunk.FUSED_BLOCK_V = int(value)
+        elif key == "solve_wu_block":
+            chunk.SOLVE_WU_BLOCK = int(value)
         else:
             raise ValueError(f"unknown launch setting {key!r} in variant {variant!r}")
 
@@ -175,6 +179,7 @@ def main():
         chunk.FUSED_MAX_K,
         chunk.FUSED_BLOCK_V,
         list(chunk.STAGES_16BIT),
+        chunk.SOLVE_WU_BLOCK,
     )
     for cell in args.cells:
         results = {}

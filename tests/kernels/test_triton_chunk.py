@@ -119,3 +119,23 @@ def test_decoupled_without_beta_matches_torch():
     actual = ops.recurrence(**args, backend="triton")
     assert_close(actual[0].cpu(), expected[0].cpu(), 1e-5, "output")
     assert_close(actual[1].cpu(), expected[1].cpu(), 1e-5, "final state")
+
+
+@pytest.mark.parametrize("decay", ["none", "head"])
+def test_no_erase_without_channel_decay(decay):
+    """No erase and no per-channel decay (linear attention, RetNet-like): no ``intra`` launch, A_qk from the output
+    kernel; outputs, final state and every gradient against the fp64 reference, with an initial state."""
+    inputs = make_inputs("gated_deltanet", B=2, T=130, H=2, K=20, V=12, initial_state=True, seed=5)
+    args = {n: inputs[n] for n in ("q", "k", "v", "initial_state")}
+    if decay == "head":
+        args["g"] = inputs["g"]
+    results = []
+    for backend, dtype in (("reference", torch.float64), ("triton", torch.float32)):
+        leaves = {n: x.detach().to(DEVICE, dtype).requires_grad_() for n, x in args.items()}
+        o, final = ops.recurrence(**leaves, erase=False, output_final_state=True, backend=backend)
+        gen = torch.Generator().manual_seed(0)
+        loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
+        loss += (final.double() * torch.randn(final.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
+        loss.backward()
+        results.append((o.detach().cpu(), final.detach().cpu(), {n: x.grad.cpu() for n, x in leaves.items()}))
+    assert_runs_match(results[1], results[0], 1e-5)

@@ -34,9 +34,8 @@ from linrnn.kernels.triton.chunk_fwd import (
     chunk_cumsum_kernel,
     chunk_intra_kernel,
     chunk_output_kernel,
-    chunk_solve_kernel,
+    chunk_solve_wu_kernel,
     chunk_state_fwd_kernel,
-    chunk_wu_kernel,
 )
 
 CHUNK = 64
@@ -47,11 +46,13 @@ STATE_MIN_PROGRAMS = 128  # 256 halved the state columns at 2×16384 and doubled
 # warps per program, by kernel (chosen by timing on an H100, B×T = 8×4096, H = 16, K = V = 128, bf16): 8 where
 # [64, 64] fp32 tiles spill out of registers with 4; 1 for the 16 × 16 block solve, whose row-by-row substitution is
 # cross-thread reductions (2.9× faster than with 4 warps)
-WARPS = dict(intra=4, intra_channel=2, solve=1, wu=4, state_fwd=4, output=4, state_bwd=8, main=8, local=8,
+WARPS = dict(intra=8, intra_channel=2, solve_wu=1, state_fwd=4, output=4, state_bwd=8, main=8, local=8,
              bwd_intra=4, bwd_intra_channel=2, fused=8)  # fmt: skip
 # tied erase with no or per-head decay (DeltaNet, GDN): one backward kernel after the state pass, up to this K
 FUSED_MAX_K = 128
 FUSED_BLOCK_V = 32
+# key and value columns per step of the solve kernel's W_s and U_v products (in one warp: registers)
+SOLVE_WU_BLOCK = 32
 # software pipelining depth of 16-bit inputs, (state passes, other kernels), up to K = 128 and past it
 STAGES_16BIT = [(2, 3), (1, 2)]
 
@@ -140,25 +141,22 @@ def chunk_forward(
         else (None, None)  # fmt: skip
     per_channel = layout.decay == DECAY_CHANNEL.value
     intra_grid = (NT, H, (CHUNK // SUB_CHUNK) ** 2 if per_channel else 1)
-    chunk_intra_kernel[intra_grid](
-        q, k, w, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
-        BK=_block(K, 64), DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision,
-        num_warps=layout.warps("intra_channel" if per_channel else "intra"), num_stages=layout.stages,
-    )  # fmt: skip
+    if per_channel or erase or decoupled:  # else A_qk, the only product left, comes from the output kernel
+        chunk_intra_kernel[intra_grid](
+            q, k, w, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
+            BK=_block(K, 64), DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision,
+            num_warps=layout.warps("intra_channel" if per_channel else "intra"), num_stages=layout.stages,
+        )  # fmt: skip
 
     T = W_s = U = None
     if erase:
         T = torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device)
-        chunk_solve_kernel[(NT, H)](
-            A_kk, beta, T, **common, H=H, BT=CHUNK, BC=SUB_CHUNK, HAS_BETA=has_beta, PREC=layout.precision,
-            num_warps=layout.warps("solve"), num_stages=layout.stages,
-        )  # fmt: skip
         W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
         U_v = torch.empty(TT, H, V, dtype=torch.float32, device=device)
-        chunk_wu_kernel[(NT, H)](
-            k, v, beta, G, T, A_kw, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, 64),
-            BV=_block(V, 64), DECAY=layout.decay, HAS_BETA=has_beta, DECOUPLED=decoupled,
-            PREC=layout.precision, num_warps=layout.warps("wu"), num_stages=layout.stages,
+        chunk_solve_wu_kernel[(NT, H)](
+            k, v, beta, G, A_kk, A_kw, T, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BC=SUB_CHUNK,
+            BK=_block(K, SOLVE_WU_BLOCK), BV=_block(V, SOLVE_WU_BLOCK), DECAY=layout.decay, HAS_BETA=has_beta,
+            DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("solve_wu"), num_stages=layout.stages,
         )  # fmt: skip
         U = torch.empty(TT, H, V, dtype=dtype, device=device)
     else:
@@ -179,7 +177,7 @@ def chunk_forward(
     o = new_output(v.shape, v.dtype, device)
     block_v = _block(V, 64)
     chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
-        q, v, beta, G, states, U, A_qk, A_qw, o, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK,
+        q, k, v, beta, G, states, U, A_qk, A_qw, o, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK,
         BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
         DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("output"), num_stages=layout.stages,
     )  # fmt: skip

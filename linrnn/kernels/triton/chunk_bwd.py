@@ -299,19 +299,30 @@ def chunk_bwd_fused_kernel(
         d_kcheck += tl.dot(u_t, tl.trans(ds_t), input_precision=PREC)
         d_bk -= tl.dot(d_bv.to(dtype), tl.trans(s_t), input_precision=PREC)
         d_last += tl.sum(s_t.to(tl.float32) * ds_t.to(tl.float32), axis=1)
+    # after the loop, in an order that keeps few [BT, BK] tiles live (per-head decay spilled registers otherwise)
     k_t = tl.load(_tile(k, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
     d_aqk = tl.where(rows >= cols, d_aqk * scale, 0.0)
     d_l = tl.where(rows > cols, d_l, 0.0)
     d_beta += tl.sum(d_l * tl.load(_tile(A_kk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1)), axis=1)
     d_akk = d_l * b[:, None]
+    d_q = d_qhat * scale
     if DECAY == DECAY_HEAD:
         g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
         ratio = tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
         d_aqk *= ratio
         d_akk *= ratio
-        d_beta += tl.sum(k_t * tl.exp(g_t) * d_bk, axis=1)
+        d_q *= tl.exp(g_t)
+    d_q += tl.dot(d_aqk, k_t, input_precision=PREC)
+    tl.store(_tile(dq, bos, length, h, c, 0, H, K, BT, BK), d_q.to(dq.dtype.element_ty), boundary_check=(0, 1))
+    q_t = tl.load(_tile(q, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+    if DECAY == DECAY_HEAD:
+        d_g = tl.sum(q_t * d_q, axis=1)
+        k_hat = k_t * tl.exp(g_t)
+        d_beta += tl.sum(k_hat * d_bk, axis=1)
         d_kp = d_bk * (b[:, None] * tl.exp(g_t))
         d_kcheck *= tl.exp(g_last[None, :] - g_t)
+        # the chunk's last step: the decay of the carried state and of every write into it
+        last = tl.sum(tl.exp(g_last) * d_last + tl.sum(k_t * d_kcheck, axis=0), axis=0)
     else:
         d_beta += tl.sum(k_t * d_bk, axis=1)
         d_kp = d_bk * b[:, None]
@@ -319,22 +330,14 @@ def chunk_bwd_fused_kernel(
         d_beta = d_beta.to(dbeta.dtype.element_ty)
         tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
     d_kp += tl.dot(d_akk, k_t, input_precision=PREC)
-    q_t = tl.load(_tile(q, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+    if DECAY == DECAY_HEAD:
+        d_g += tl.sum(k_t * d_kp, axis=1)
     d_km = d_kcheck + tl.dot(tl.trans(d_akk), k_t, input_precision=PREC)
     d_km += tl.dot(tl.trans(d_aqk), q_t, input_precision=PREC)
     tl.store(_tile(dk, bos, length, h, c, 0, H, K, BT, BK), (d_kp + d_km).to(dk.dtype.element_ty),
              boundary_check=(0, 1))  # fmt: skip
     if DECAY == DECAY_HEAD:
-        d_g = tl.sum(k_t * (d_kp - d_km), axis=1)
-        # the chunk's last step: the decay of the carried state and of every write into it
-        last = tl.sum(tl.exp(g_last) * d_last + tl.sum(k_t * d_kcheck, axis=0), axis=0)
-    d_q = d_qhat * scale
-    if DECAY == DECAY_HEAD:
-        d_q *= tl.exp(g_t)
-    d_q += tl.dot(d_aqk, k_t, input_precision=PREC)
-    tl.store(_tile(dq, bos, length, h, c, 0, H, K, BT, BK), d_q.to(dq.dtype.element_ty), boundary_check=(0, 1))
-    if DECAY == DECAY_HEAD:
-        d_g += tl.sum(q_t * d_q, axis=1)
+        d_g -= tl.sum(k_t * d_km, axis=1)
         d_g = tl.where(t_idx == valid - 1, d_g + last, d_g)
         d_g = tl.cumsum(tl.where(t_idx < valid, d_g, 0.0), axis=0, reverse=True)
         tl.store(dg + (bos + c * BT + t_idx) * H + h, d_g.to(dg.dtype.element_ty), mask=t_idx < valid)

@@ -10,8 +10,8 @@ decay from the chunk start and ``A_xy[r, i] = (x_r ⊙ Γ_r/Γ_i)·y_i``::
     O   = (scale Q ⊙ Γ) S + A_qk U                 A_qk lower with the diagonal, scale inside
     S  ← Diag(Γ_C) S + (K ⊙ Γ_C/Γ)ᵀ U
 
-Kernels, in launch order: ``cumsum`` (G, fp32), ``intra`` (A_kk, A_qk), ``solve`` (T),
-``wu`` (W_s, U_v), ``state`` (sequential over chunks: S per chunk and U), ``output``.
+Kernels, in launch order: ``cumsum`` (G, fp32), ``intra`` (A_kk; per-channel decay also A_qk), ``solve_wu`` (T, then
+W_s and U_v from T's blocks in registers), ``state`` (sequential over chunks: S per chunk and U), ``output``.
 
 Decay ratios never overflow: per-head decay masks the exponent ``G_r − G_i`` to
 ``i ≤ r`` before ``exp``. Per-channel decay computes each 16 × 16 block of A on its
@@ -103,10 +103,12 @@ def chunk_intra_kernel(
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``A_qk`` (scale included, diagonal included) and ``A_kk`` (strict), fp32 ``[TT, H, BT]``; k is the erase
-    direction. ``DECOUPLED`` (a write key w ≠ k) adds ``A_qw`` (scale and diagonal included) and ``A_kw`` (strict).
+    """``A_qk`` (per-channel decay; scale and diagonal included) and ``A_kk`` (strict), fp32 ``[TT, H, BT]``;
+    k: the erase direction. ``DECOUPLED`` (a write key w ≠ k) adds ``A_qw`` (scale and diagonal included) and
+    ``A_kw`` (strict).
 
-    Per-channel decay: one program per 16 × 16 block (axis 2); otherwise one per chunk."""
+    Per-channel decay: one program per 16 × 16 block (axis 2); otherwise one per chunk, and A_qk comes from the
+    output kernel instead (it has Q loaded already)."""
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     row_stride = H * K
@@ -118,19 +120,17 @@ def chunk_intra_kernel(
         a_qw, a_kw = A_qw + (bos * H + h) * BT, A_kw + (bos * H + h) * BT
 
     if DECAY != DECAY_CHANNEL:
-        qk = tl.zeros([BT, BT], dtype=tl.float32)
         kk = tl.zeros([BT, BT], dtype=tl.float32)
         qw = tl.zeros([BT, BT], dtype=tl.float32)
         kw = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
-            q_t = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
-                          boundary_check=(0, 1))  # fmt: skip
             k_t = tl.load(tl.make_block_ptr(k, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
                           boundary_check=(0, 1))  # fmt: skip
-            qk += tl.dot(q_t, tl.trans(k_t), input_precision=PREC)
             if ERASE:
                 kk += tl.dot(k_t, tl.trans(k_t), input_precision=PREC)
             if DECOUPLED:
+                q_t = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
+                              boundary_check=(0, 1))  # fmt: skip
                 w_t = tl.load(tl.make_block_ptr(w, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
                               boundary_check=(0, 1))  # fmt: skip
                 qw += tl.dot(q_t, tl.trans(w_t), input_precision=PREC)
@@ -139,13 +139,10 @@ def chunk_intra_kernel(
         if DECAY == DECAY_HEAD:
             g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
             ratio = tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
-            qk *= ratio
             kk *= ratio
             qw *= ratio
             kw *= ratio
         origin = (c * BT, 0)
-        out = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
-        tl.store(out, tl.where(rows >= cols, qk * scale, 0.0), boundary_check=(0, 1))
         if ERASE:
             out = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
             tl.store(out, tl.where(rows > cols, kk, 0.0), boundary_check=(0, 1))
@@ -241,12 +238,21 @@ def chunk_intra_kernel(
 
 
 @triton.jit
-def _unit_lower_inverse(lower, BC: tl.constexpr):
-    """``(I + L)⁻¹`` of a strictly lower ``L`` ``[BC, BC]`` by forward substitution, row by row."""
-    rows = tl.arange(0, BC)[:, None]
-    inverse = (rows == tl.arange(0, BC)[None, :]).to(tl.float32)
+def _diagonal_inverse(a_base, beta, bos, h, row0, col0, valid, stride, H: tl.constexpr, BC: tl.constexpr,
+                      HAS_BETA: tl.constexpr):  # fmt: skip
+    """``(I + Diag(β) A)⁻¹`` of the ``[BC, BC]`` diagonal block of A at rows ``row0 ..`` (in the sequence)
+    and columns ``col0 ..`` (in the chunk), A strictly lower there, by forward substitution, row by row.
+    ``a_base``: the sequence's A ``[length, H, 64]`` at head h; ``valid``: rows of the block in the sequence.
+    Each row of A is loaded (an L1 hit): taking it out of a register tile cost a cross-thread reduction and a
+    layout change per row."""
+    idx = tl.arange(0, BC)
+    rows = idx[:, None]
+    inverse = (rows == idx[None, :]).to(tl.float32)
     for r in tl.static_range(1, BC):
-        l_r = tl.sum(tl.where(rows == r, lower, 0.0), axis=0)  # row r of L
+        ok = r < valid
+        l_r = tl.load(a_base + (row0 + r).to(tl.int64) * stride + col0 + idx, mask=(idx < r) & ok, other=0)
+        if HAS_BETA:
+            l_r *= tl.load(beta + (bos + row0 + r) * H + h, mask=ok, other=0).to(tl.float32)
         inverse = tl.where(rows == r, inverse - tl.sum(l_r[:, None] * inverse, axis=0)[None, :], inverse)
     return inverse
 
@@ -261,66 +267,6 @@ def _load_block(base, length, row0, col0, stride, BC: tl.constexpr):
 def _store_block(base, value, length, row0, col0, stride, BC: tl.constexpr):
     tl.store(tl.make_block_ptr(base, (length, 64), (stride, 1), (row0, col0), (BC, BC), (1, 0)), value,
              boundary_check=(0, 1))  # fmt: skip
-
-
-@triton.jit
-def chunk_solve_kernel(
-    A_kk, beta, T, cu_seqlens, chunk_index,
-    H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
-):  # fmt: skip
-    """``T = (I + Diag(β) A_kk)⁻¹`` ``[TT, H, 64]`` fp32, by 16 × 16 blocks: the four diagonal blocks by
-    forward substitution, then ``T_ab = −T_aa Σ_{b≤c<a} L_ac T_cb`` (L = Diag(β) A_kk)."""
-    tl.static_assert(BT == 64 and BC == 16, "the block solve is written out for a 64-step chunk")
-    i, h = tl.program_id(0), tl.program_id(1)
-    bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
-    a_base, t_base = A_kk + (bos * H + h) * BT, T + (bos * H + h) * BT
-    stride = H * BT
-    r0 = c * BT
-    idx = tl.arange(0, BC)
-    rows, cols = idx[:, None], idx[None, :]
-    b0 = _beta(beta, bos, h, r0, valid, H, BC, HAS_BETA)
-    b1 = _beta(beta, bos, h, r0 + 16, valid - 16, H, BC, HAS_BETA)
-    b2 = _beta(beta, bos, h, r0 + 32, valid - 32, H, BC, HAS_BETA)
-    b3 = _beta(beta, bos, h, r0 + 48, valid - 48, H, BC, HAS_BETA)
-    strict = rows > cols
-    l00 = tl.where(strict, b0[:, None] * _load_block(a_base, length, r0, 0, stride, BC), 0.0)
-    l11 = tl.where(strict, b1[:, None] * _load_block(a_base, length, r0 + 16, 16, stride, BC), 0.0)
-    l22 = tl.where(strict, b2[:, None] * _load_block(a_base, length, r0 + 32, 32, stride, BC), 0.0)
-    l33 = tl.where(strict, b3[:, None] * _load_block(a_base, length, r0 + 48, 48, stride, BC), 0.0)
-    l10 = b1[:, None] * _load_block(a_base, length, r0 + 16, 0, stride, BC)
-    l20 = b2[:, None] * _load_block(a_base, length, r0 + 32, 0, stride, BC)
-    l21 = b2[:, None] * _load_block(a_base, length, r0 + 32, 16, stride, BC)
-    l30 = b3[:, None] * _load_block(a_base, length, r0 + 48, 0, stride, BC)
-    l31 = b3[:, None] * _load_block(a_base, length, r0 + 48, 16, stride, BC)
-    l32 = b3[:, None] * _load_block(a_base, length, r0 + 48, 32, stride, BC)
-    t00, t11 = _unit_lower_inverse(l00, BC), _unit_lower_inverse(l11, BC)
-    t22, t33 = _unit_lower_inverse(l22, BC), _unit_lower_inverse(l33, BC)
-    t10 = -tl.dot(t11, tl.dot(l10, t00, input_precision=PREC), input_precision=PREC)
-    t21 = -tl.dot(t22, tl.dot(l21, t11, input_precision=PREC), input_precision=PREC)
-    t20 = -tl.dot(t22, tl.dot(l20, t00, input_precision=PREC) + tl.dot(l21, t10, input_precision=PREC),
-                  input_precision=PREC)  # fmt: skip
-    t32 = -tl.dot(t33, tl.dot(l32, t22, input_precision=PREC), input_precision=PREC)
-    t31 = -tl.dot(t33, tl.dot(l31, t11, input_precision=PREC) + tl.dot(l32, t21, input_precision=PREC),
-                  input_precision=PREC)  # fmt: skip
-    t30 = -tl.dot(t33, tl.dot(l30, t00, input_precision=PREC) + tl.dot(l31, t10, input_precision=PREC)
-                  + tl.dot(l32, t20, input_precision=PREC), input_precision=PREC)  # fmt: skip
-    zero = tl.zeros([BC, BC], dtype=tl.float32)
-    _store_block(t_base, t00, length, r0, 0, stride, BC)
-    _store_block(t_base, zero, length, r0, 16, stride, BC)
-    _store_block(t_base, zero, length, r0, 32, stride, BC)
-    _store_block(t_base, zero, length, r0, 48, stride, BC)
-    _store_block(t_base, t10, length, r0 + 16, 0, stride, BC)
-    _store_block(t_base, t11, length, r0 + 16, 16, stride, BC)
-    _store_block(t_base, zero, length, r0 + 16, 32, stride, BC)
-    _store_block(t_base, zero, length, r0 + 16, 48, stride, BC)
-    _store_block(t_base, t20, length, r0 + 32, 0, stride, BC)
-    _store_block(t_base, t21, length, r0 + 32, 16, stride, BC)
-    _store_block(t_base, t22, length, r0 + 32, 32, stride, BC)
-    _store_block(t_base, zero, length, r0 + 32, 48, stride, BC)
-    _store_block(t_base, t30, length, r0 + 48, 0, stride, BC)
-    _store_block(t_base, t31, length, r0 + 48, 16, stride, BC)
-    _store_block(t_base, t32, length, r0 + 48, 32, stride, BC)
-    _store_block(t_base, t33, length, r0 + 48, 48, stride, BC)
 
 
 @triton.jit
@@ -358,34 +304,144 @@ def _beta(beta, bos, h, start, valid, H: tl.constexpr, N: tl.constexpr, HAS_BETA
 
 
 @triton.jit
-def chunk_wu_kernel(
-    k, v, beta, G, T, A_kw, W_s, U_v, cu_seqlens, chunk_index,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
+def _row_tile(x, bos, length, h, row0, col0, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    """Block pointer to rows ``row0 ..`` (in the sequence) and columns ``col0 ..`` of ``x`` ``[TT, H, D]``."""
+    return tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), (row0, col0), (BR, BD), (1, 0))
+
+
+@triton.jit
+def _scaled_rows(k, G, bos, length, h, row0, valid, k0, b, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
+                 BK: tl.constexpr, DECAY: tl.constexpr):  # fmt: skip
+    """``Diag(β) (K ⊙ Γ)`` on ``BC`` rows from ``row0`` and columns ``k0 ..``, fp32 ``[BC, BK]``; ``b``: their β
+    (0 past the ``valid`` rows). ``DECAY_NONE``: ``Diag(β) K``, for any ``[TT, H, K]`` input."""
+    x = tl.load(_row_tile(k, bos, length, h, row0, k0, H, K, BC, BK), boundary_check=(0, 1)).to(tl.float32)
+    x *= b[:, None]
+    rows = tl.arange(0, BC)[:, None]
+    if DECAY == DECAY_HEAD:
+        x *= tl.exp(tl.load(G + (bos + row0 + rows) * H + h, mask=rows < valid, other=0))
+    elif DECAY == DECAY_CHANNEL:
+        k_idx = k0 + tl.arange(0, BK)[None, :]
+        x *= tl.exp(tl.load(G + ((bos + row0 + rows) * H + h) * K + k_idx, mask=(rows < valid) & (k_idx < K),
+                            other=0))  # fmt: skip
+    return x
+
+
+@triton.jit
+def _pv_rows(A_kw, bv, bos, length, h, row0, b, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+             PREC: tl.constexpr):  # fmt: skip
+    """``−Diag(β) A_kw (βV)`` on ``BC`` rows from ``row0``; ``bv``: βV on the chunk ``[BT, BV]`` fp32."""
+    a_kw = tl.load(_row_tile(A_kw, bos, length, h, row0, 0, H, BT, BC, BT), boundary_check=(0, 1))
+    return -b[:, None] * tl.dot(a_kw, bv, input_precision=PREC)
+
+
+@triton.jit
+def _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC: tl.constexpr):
+    """The four row blocks of ``T X``: T block lower triangular in 16 × 16 blocks ``t_ab``, X in row blocks."""
+    y0 = tl.dot(t00, x0, input_precision=PREC)
+    y1 = tl.dot(t11, x1, tl.dot(t10, x0, input_precision=PREC), input_precision=PREC)
+    y2 = tl.dot(t22, x2, tl.dot(t21, x1, tl.dot(t20, x0, input_precision=PREC), input_precision=PREC),
+                input_precision=PREC)  # fmt: skip
+    y3 = tl.dot(t31, x1, tl.dot(t30, x0, input_precision=PREC), input_precision=PREC)
+    y3 = tl.dot(t33, x3, tl.dot(t32, x2, y3, input_precision=PREC), input_precision=PREC)
+    return y0, y1, y2, y3
+
+
+@triton.jit
+def _store_rows(x, y0, y1, y2, y3, bos, length, h, row0, col0, H: tl.constexpr, D: tl.constexpr,
+                BC: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+    """Store four ``[BC, BD]`` row blocks at rows ``row0 ..`` of ``x``, in its dtype."""
+    dtype = x.dtype.element_ty
+    tl.store(_row_tile(x, bos, length, h, row0, col0, H, D, BC, BD), y0.to(dtype), boundary_check=(0, 1))
+    tl.store(_row_tile(x, bos, length, h, row0 + BC, col0, H, D, BC, BD), y1.to(dtype), boundary_check=(0, 1))
+    tl.store(_row_tile(x, bos, length, h, row0 + 2 * BC, col0, H, D, BC, BD), y2.to(dtype), boundary_check=(0, 1))
+    tl.store(_row_tile(x, bos, length, h, row0 + 3 * BC, col0, H, D, BC, BD), y3.to(dtype), boundary_check=(0, 1))
+
+
+@triton.jit
+def chunk_solve_wu_kernel(
+    k, v, beta, G, A_kk, A_kw, T, W_s, U_v, cu_seqlens, chunk_index,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``W_s = T Diag(β) (K ⊙ Γ)`` ``[TT, H, K]`` (k: the erase direction) and ``U_v = T Diag(β) V``
-    ``[TT, H, V]`` (fp32); decoupled, ``U_v = T P V`` with ``P = −Diag(β) A_kw Diag(β)``."""
+    """``T = (I + Diag(β) A_kk)⁻¹`` ``[TT, H, 64]`` fp32, then from its blocks in registers
+    ``W_s = T Diag(β) (K ⊙ Γ)`` ``[TT, H, K]`` (k: the erase direction) and ``U_v = T Diag(β) V`` ``[TT, H, V]``
+    fp32; decoupled, ``U_v = T P V`` with ``P = −Diag(β) A_kw Diag(β)``.
+
+    T by 16 × 16 blocks: the four diagonal blocks by forward substitution (a chain of cross-thread reductions,
+    fastest in one warp), then ``T_ab = −T_aa Σ_{b≤c<a} L_ac T_cb`` (L = Diag(β) A_kk). The substitution is exact
+    fp32; a matmul-only inverse (``(I − L)(I + L²)(I + L⁴)(I + L⁸)``) lost up to 3e-3 of T to cancellation for
+    correlated keys with β near 2."""
+    tl.static_assert(BT == 64 and BC == 16, "the block solve is written out for a 64-step chunk")
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
-    t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
-    b = _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
+    a_base, t_base = A_kk + (bos * H + h) * BT, T + (bos * H + h) * BT
+    stride = H * BT
+    r0 = c * BT
+    b0 = _beta(beta, bos, h, r0, valid, H, BC, HAS_BETA)
+    b1 = _beta(beta, bos, h, r0 + 16, valid - 16, H, BC, HAS_BETA)
+    b2 = _beta(beta, bos, h, r0 + 32, valid - 32, H, BC, HAS_BETA)
+    b3 = _beta(beta, bos, h, r0 + 48, valid - 48, H, BC, HAS_BETA)
+    l10 = b1[:, None] * _load_block(a_base, length, r0 + 16, 0, stride, BC)
+    l20 = b2[:, None] * _load_block(a_base, length, r0 + 32, 0, stride, BC)
+    l21 = b2[:, None] * _load_block(a_base, length, r0 + 32, 16, stride, BC)
+    l30 = b3[:, None] * _load_block(a_base, length, r0 + 48, 0, stride, BC)
+    l31 = b3[:, None] * _load_block(a_base, length, r0 + 48, 16, stride, BC)
+    l32 = b3[:, None] * _load_block(a_base, length, r0 + 48, 32, stride, BC)
+    t00 = _diagonal_inverse(a_base, beta, bos, h, r0, 0, valid, stride, H, BC, HAS_BETA)
+    t11 = _diagonal_inverse(a_base, beta, bos, h, r0 + 16, 16, valid - 16, stride, H, BC, HAS_BETA)
+    t22 = _diagonal_inverse(a_base, beta, bos, h, r0 + 32, 32, valid - 32, stride, H, BC, HAS_BETA)
+    t33 = _diagonal_inverse(a_base, beta, bos, h, r0 + 48, 48, valid - 48, stride, H, BC, HAS_BETA)
+    t10 = -tl.dot(t11, tl.dot(l10, t00, input_precision=PREC), input_precision=PREC)
+    t21 = -tl.dot(t22, tl.dot(l21, t11, input_precision=PREC), input_precision=PREC)
+    t20 = -tl.dot(t22, tl.dot(l20, t00, input_precision=PREC) + tl.dot(l21, t10, input_precision=PREC),
+                  input_precision=PREC)  # fmt: skip
+    t32 = -tl.dot(t33, tl.dot(l32, t22, input_precision=PREC), input_precision=PREC)
+    t31 = -tl.dot(t33, tl.dot(l31, t11, input_precision=PREC) + tl.dot(l32, t21, input_precision=PREC),
+                  input_precision=PREC)  # fmt: skip
+    t30 = -tl.dot(t33, tl.dot(l30, t00, input_precision=PREC) + tl.dot(l31, t10, input_precision=PREC)
+                  + tl.dot(l32, t20, input_precision=PREC), input_precision=PREC)  # fmt: skip
+    zero = tl.zeros([BC, BC], dtype=tl.float32)
+    _store_block(t_base, t00, length, r0, 0, stride, BC)
+    _store_block(t_base, zero, length, r0, 16, stride, BC)
+    _store_block(t_base, zero, length, r0, 32, stride, BC)
+    _store_block(t_base, zero, length, r0, 48, stride, BC)
+    _store_block(t_base, t10, length, r0 + 16, 0, stride, BC)
+    _store_block(t_base, t11, length, r0 + 16, 16, stride, BC)
+    _store_block(t_base, zero, length, r0 + 16, 32, stride, BC)
+    _store_block(t_base, zero, length, r0 + 16, 48, stride, BC)
+    _store_block(t_base, t20, length, r0 + 32, 0, stride, BC)
+    _store_block(t_base, t21, length, r0 + 32, 16, stride, BC)
+    _store_block(t_base, t22, length, r0 + 32, 32, stride, BC)
+    _store_block(t_base, zero, length, r0 + 32, 48, stride, BC)
+    _store_block(t_base, t30, length, r0 + 48, 0, stride, BC)
+    _store_block(t_base, t31, length, r0 + 48, 16, stride, BC)
+    _store_block(t_base, t32, length, r0 + 48, 32, stride, BC)
+    _store_block(t_base, t33, length, r0 + 48, 48, stride, BC)
+
     for kb in range(0, tl.cdiv(K, BK)):
-        k_t = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
-        k_t *= b
-        if DECAY != DECAY_NONE:
-            g_t, _ = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
-            k_t *= tl.exp(g_t)
-        w_t = tl.dot(t_tile, k_t, input_precision=PREC)
-        tl.store(_tile(W_s, bos, length, h, c, kb * BK, H, K, BT, BK), w_t.to(W_s.dtype.element_ty),
-                 boundary_check=(0, 1))  # fmt: skip
+        x0 = _scaled_rows(k, G, bos, length, h, r0, valid, kb * BK, b0, H, K, BC, BK, DECAY)
+        x1 = _scaled_rows(k, G, bos, length, h, r0 + 16, valid - 16, kb * BK, b1, H, K, BC, BK, DECAY)
+        x2 = _scaled_rows(k, G, bos, length, h, r0 + 32, valid - 32, kb * BK, b2, H, K, BC, BK, DECAY)
+        x3 = _scaled_rows(k, G, bos, length, h, r0 + 48, valid - 48, kb * BK, b3, H, K, BC, BK, DECAY)
+        y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
+        _store_rows(W_s, y0, y1, y2, y3, bos, length, h, r0, kb * BK, H, K, BC, BK)
     if DECOUPLED:
-        a_kw = tl.load(_tile(A_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
-        t_tile = tl.dot(t_tile, -(b * a_kw * tl.trans(b)), input_precision=PREC)  # T P
+        b_all = _beta(beta, bos, h, r0, valid, H, BT, HAS_BETA)
     for vb in range(0, tl.cdiv(V, BV)):
-        v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
-        u_t = tl.dot(t_tile, v_t if DECOUPLED else v_t * b, input_precision=PREC)
-        tl.store(_tile(U_v, bos, length, h, c, vb * BV, H, V, BT, BV), u_t.to(U_v.dtype.element_ty),
-                 boundary_check=(0, 1))  # fmt: skip
+        if DECOUPLED:  # row blocks of P V = −Diag(β) A_kw (βV)
+            bv = tl.load(_row_tile(v, bos, length, h, r0, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            bv = bv.to(tl.float32) * b_all[:, None]
+            x0 = _pv_rows(A_kw, bv, bos, length, h, r0, b0, H, BT, BC, PREC)
+            x1 = _pv_rows(A_kw, bv, bos, length, h, r0 + 16, b1, H, BT, BC, PREC)
+            x2 = _pv_rows(A_kw, bv, bos, length, h, r0 + 32, b2, H, BT, BC, PREC)
+            x3 = _pv_rows(A_kw, bv, bos, length, h, r0 + 48, b3, H, BT, BC, PREC)
+        else:
+            x0 = _scaled_rows(v, G, bos, length, h, r0, valid, vb * BV, b0, H, V, BC, BV, DECAY_NONE)
+            x1 = _scaled_rows(v, G, bos, length, h, r0 + 16, valid - 16, vb * BV, b1, H, V, BC, BV, DECAY_NONE)
+            x2 = _scaled_rows(v, G, bos, length, h, r0 + 32, valid - 32, vb * BV, b2, H, V, BC, BV, DECAY_NONE)
+            x3 = _scaled_rows(v, G, bos, length, h, r0 + 48, valid - 48, vb * BV, b3, H, V, BC, BV, DECAY_NONE)
+        y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
+        _store_rows(U_v, y0, y1, y2, y3, bos, length, h, r0, vb * BV, H, V, BC, BV)
 
 
 @triton.jit
@@ -453,25 +509,42 @@ def chunk_state_fwd_kernel(
 
 @triton.jit
 def chunk_output_kernel(
-    q, v, beta, G, states, U, A_qk, A_qw, o, cu_seqlens, chunk_index, scale,
+    q, k, v, beta, G, states, U, A_qk, A_qw, o, cu_seqlens, chunk_index, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``O = (scale Q ⊙ Γ) S + A_qk U [+ A_qw Diag(β) V]`` for one chunk, head and BV value columns."""
+    """``O = (scale Q ⊙ Γ) S + A_qk U [+ A_qw Diag(β) V]`` for one chunk, head and BV value columns.
+
+    Without per-channel decay A_qk is formed here (from Q K̃ᵀ, K̃ the erase direction or, without erase, the key)
+    and the first value block's programs store it for the backward."""
     vb, i, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     dtype = states.dtype.element_ty
     state_base = states + (i * H + h).to(tl.int64) * K * V
     out = tl.zeros([BT, BV], dtype=tl.float32)
+    qk = tl.zeros([BT, BT], dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BK)):
-        q_t = tl.load(_tile(q, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+        q_t = tl.load(_tile(q, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+        if DECAY != DECAY_CHANNEL:
+            k_t = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+            qk += tl.dot(q_t, tl.trans(k_t), input_precision=PREC)
+        q_t = q_t.to(tl.float32)
         if DECAY != DECAY_NONE:
             g_t, _ = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
             q_t *= tl.exp(g_t)
         s_t = tl.load(tl.make_block_ptr(state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
                       boundary_check=(0, 1))  # fmt: skip
         out += tl.dot((q_t * scale).to(dtype), s_t, input_precision=PREC)
-    a_t = tl.load(_tile(A_qk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    if DECAY == DECAY_CHANNEL:
+        a_t = tl.load(_tile(A_qk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    else:
+        rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
+        if DECAY == DECAY_HEAD:
+            g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
+            qk *= tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
+        a_t = tl.where(rows >= cols, qk * scale, 0.0)
+        if vb == 0:
+            tl.store(_tile(A_qk, bos, length, h, c, 0, H, BT, BT, BT), a_t, boundary_check=(0, 1))
     if ERASE:
         u_t = tl.load(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
     else:
