@@ -45,8 +45,9 @@ STATE_BLOCK_V = {64: 64, 128: 64, 256: 16}  # key width -> most value columns pe
 STATE_MIN_PROGRAMS = 128  # 256 halved the state columns at 2×16384 and doubled the backward state pass
 # warps per program, by kernel (chosen by timing on an H100, B×T = 8×4096, H = 16, K = V = 128, bf16): 8 where
 # [64, 64] fp32 tiles spill out of registers with 4; 1 for the 16 × 16 block solve, whose row-by-row substitution is
-# cross-thread reductions (2.9× faster than with 4 warps)
-WARPS = dict(intra=8, intra_channel=2, solve_wu=1, state_fwd=4, output=4, state_bwd=8, main=8, local=8,
+# cross-thread reductions (2.9× faster than with 4 warps); 8 for intra with per-head decay (0.32 -> 0.20 ms), not
+# without decay: there 8 warps gave a wrong A_kk for bf16 at K = 128 (triton 3.6, H100) and no speed-up
+WARPS = dict(intra=4, intra_head=8, intra_channel=2, solve_wu=1, state_fwd=4, output=4, state_bwd=8, main=8, local=8,
              bwd_intra=4, bwd_intra_channel=2, fused=8)  # fmt: skip
 # tied erase with no or per-head decay (DeltaNet, GDN): one backward kernel after the state pass, up to this K
 FUSED_MAX_K = 128
@@ -141,11 +142,12 @@ def chunk_forward(
         else (None, None)  # fmt: skip
     per_channel = layout.decay == DECAY_CHANNEL.value
     intra_grid = (NT, H, (CHUNK // SUB_CHUNK) ** 2 if per_channel else 1)
+    intra_warps = {DECAY_CHANNEL.value: "intra_channel", DECAY_HEAD.value: "intra_head"}.get(layout.decay, "intra")
     if per_channel or erase or decoupled:  # else A_qk, the only product left, comes from the output kernel
         chunk_intra_kernel[intra_grid](
             q, k, w, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
             BK=_block(K, 64), DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision,
-            num_warps=layout.warps("intra_channel" if per_channel else "intra"), num_stages=layout.stages,
+            num_warps=layout.warps(intra_warps), num_stages=layout.stages,
         )  # fmt: skip
 
     T = W_s = U = None
