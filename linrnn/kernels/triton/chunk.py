@@ -143,7 +143,7 @@ def chunk_forward(
     per_channel = layout.decay == DECAY_CHANNEL.value
     intra_grid = (NT, H, (CHUNK // SUB_CHUNK) ** 2 if per_channel else 1)
     intra_warps = {DECAY_CHANNEL.value: "intra_channel", DECAY_HEAD.value: "intra_head"}.get(layout.decay, "intra")
-    if per_channel or erase or decoupled:  # else A_qk, the only product left, comes from the output kernel
+    if layout.decay != DECAY_HEAD.value or erase or decoupled:  # else the output kernel forms A_qk, all that is left
         chunk_intra_kernel[intra_grid](
             q, k, w, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
             BK=_block(K, 64), DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision,

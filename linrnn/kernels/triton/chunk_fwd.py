@@ -10,8 +10,9 @@ decay from the chunk start and ``A_xy[r, i] = (x_r ⊙ Γ_r/Γ_i)·y_i``::
     O   = (scale Q ⊙ Γ) S + A_qk U                 A_qk lower with the diagonal, scale inside
     S  ← Diag(Γ_C) S + (K ⊙ Γ_C/Γ)ᵀ U
 
-Kernels, in launch order: ``cumsum`` (G, fp32), ``intra`` (A_kk; per-channel decay also A_qk), ``solve_wu`` (T, then
-W_s and U_v from T's blocks in registers), ``state`` (sequential over chunks: S per chunk and U), ``output``.
+Kernels, in launch order: ``cumsum`` (G, fp32), ``intra`` (A_kk; without per-head decay also A_qk),
+``solve_wu`` (T, then W_s and U_v from T's blocks in registers), ``state`` (sequential over chunks: S per
+chunk and U), ``output``.
 
 Decay ratios never overflow: per-head decay masks the exponent ``G_r − G_i`` to
 ``i ≤ r`` before ``exp``. Per-channel decay computes each 16 × 16 block of A on its
@@ -103,12 +104,13 @@ def chunk_intra_kernel(
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``A_qk`` (per-channel decay; scale and diagonal included) and ``A_kk`` (strict), fp32 ``[TT, H, BT]``;
+    """``A_qk`` (no or per-channel decay; scale and diagonal included) and ``A_kk`` (strict), fp32 ``[TT, H, BT]``;
     k: the erase direction. ``DECOUPLED`` (a write key w ≠ k) adds ``A_qw`` (scale and diagonal included) and
     ``A_kw`` (strict).
 
-    Per-channel decay: one program per 16 × 16 block (axis 2); otherwise one per chunk, and A_qk comes from the
-    output kernel instead (it has Q loaded already)."""
+    Per-channel decay: one program per 16 × 16 block (axis 2); otherwise one per chunk. With per-head decay A_qk
+    comes from the output kernel instead (it has Q loaded already); without decay it stays here, because a ``kk``
+    product alone gave wrong results for bf16 at K = 256 on an H100 (triton 3.6)."""
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     row_stride = H * K
@@ -120,17 +122,20 @@ def chunk_intra_kernel(
         a_qw, a_kw = A_qw + (bos * H + h) * BT, A_kw + (bos * H + h) * BT
 
     if DECAY != DECAY_CHANNEL:
+        qk = tl.zeros([BT, BT], dtype=tl.float32)
         kk = tl.zeros([BT, BT], dtype=tl.float32)
         qw = tl.zeros([BT, BT], dtype=tl.float32)
         kw = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
             k_t = tl.load(tl.make_block_ptr(k, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
                           boundary_check=(0, 1))  # fmt: skip
+            if DECAY == DECAY_NONE:
+                q_t = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
+                              boundary_check=(0, 1))  # fmt: skip
+                qk += tl.dot(q_t, tl.trans(k_t), input_precision=PREC)
             if ERASE:
                 kk += tl.dot(k_t, tl.trans(k_t), input_precision=PREC)
             if DECOUPLED:
-                q_t = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
                 w_t = tl.load(tl.make_block_ptr(w, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
                               boundary_check=(0, 1))  # fmt: skip
                 qw += tl.dot(q_t, tl.trans(w_t), input_precision=PREC)
@@ -143,6 +148,9 @@ def chunk_intra_kernel(
             qw *= ratio
             kw *= ratio
         origin = (c * BT, 0)
+        if DECAY == DECAY_NONE:
+            out = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
+            tl.store(out, tl.where(rows >= cols, qk * scale, 0.0), boundary_check=(0, 1))
         if ERASE:
             out = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
             tl.store(out, tl.where(rows > cols, kk, 0.0), boundary_check=(0, 1))
@@ -515,7 +523,7 @@ def chunk_output_kernel(
 ):  # fmt: skip
     """``O = (scale Q ⊙ Γ) S + A_qk U [+ A_qw Diag(β) V]`` for one chunk, head and BV value columns.
 
-    Without per-channel decay A_qk is formed here (from Q K̃ᵀ, K̃ the erase direction or, without erase, the key)
+    With per-head decay A_qk is formed here (from Q K̃ᵀ, K̃ the erase direction or, without erase, the key)
     and the first value block's programs store it for the backward."""
     vb, i, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
@@ -525,7 +533,7 @@ def chunk_output_kernel(
     qk = tl.zeros([BT, BT], dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BK)):
         q_t = tl.load(_tile(q, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
-        if DECAY != DECAY_CHANNEL:
+        if DECAY == DECAY_HEAD:
             k_t = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
             qk += tl.dot(q_t, tl.trans(k_t), input_precision=PREC)
         q_t = q_t.to(tl.float32)
@@ -535,13 +543,12 @@ def chunk_output_kernel(
         s_t = tl.load(tl.make_block_ptr(state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
                       boundary_check=(0, 1))  # fmt: skip
         out += tl.dot((q_t * scale).to(dtype), s_t, input_precision=PREC)
-    if DECAY == DECAY_CHANNEL:
+    if DECAY != DECAY_HEAD:
         a_t = tl.load(_tile(A_qk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
     else:
         rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
-        if DECAY == DECAY_HEAD:
-            g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
-            qk *= tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
+        g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
+        qk *= tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
         a_t = tl.where(rows >= cols, qk * scale, 0.0)
         if vb == 0:
             tl.store(_tile(A_qk, bos, length, h, c, 0, H, BT, BT, BT), a_t, boundary_check=(0, 1))
