@@ -246,6 +246,20 @@ def chunk_intra_kernel(
 
 
 @triton.jit
+def _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x, G, out, bos, length, h, r0, valid, col0,
+                          b0, b1, b2, b3, H: tl.constexpr, D: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
+                          DECAY: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """``out = T Diag(β) (X ⊙ Γ)`` on the chunk's rows from ``r0`` and columns ``col0 ..``; ``b0..b3``: β of the
+    four row blocks; ``DECAY_NONE``: no Γ."""
+    x0 = _scaled_rows(x, G, bos, length, h, r0, valid, col0, b0, H, D, BC, BD, DECAY)
+    x1 = _scaled_rows(x, G, bos, length, h, r0 + BC, valid - BC, col0, b1, H, D, BC, BD, DECAY)
+    x2 = _scaled_rows(x, G, bos, length, h, r0 + 2 * BC, valid - 2 * BC, col0, b2, H, D, BC, BD, DECAY)
+    x3 = _scaled_rows(x, G, bos, length, h, r0 + 3 * BC, valid - 3 * BC, col0, b3, H, D, BC, BD, DECAY)
+    y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
+    _store_rows(out, y0, y1, y2, y3, bos, length, h, r0, col0, H, D, BC, BD)
+
+
+@triton.jit
 def _diagonal_inverse(a_base, beta, bos, h, row0, col0, valid, stride, H: tl.constexpr, BC: tl.constexpr,
                       HAS_BETA: tl.constexpr):  # fmt: skip
     """``(I + Diag(β) A)⁻¹`` of the ``[BC, BC]`` diagonal block of A at rows ``row0 ..`` (in the sequence)
@@ -297,9 +311,9 @@ def load_decay(G, bos, h, c, valid, k0, H: tl.constexpr, K: tl.constexpr, BT: tl
 
 @triton.jit
 def _tile(x, bos, length, h, c, col0, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """Block pointer to rows ``c·BT ..`` and columns ``col0 ..`` of ``x`` ``[TT, H, D]`` for head h, bounded by
-    the sequence."""
-    return tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, col0), (BT, BD), (1, 0))
+    """Block pointer to rows ``c·BT ..`` (chunk c) and columns ``col0 ..`` of ``x`` ``[TT, H, D]`` for head h,
+    bounded by the sequence."""
+    return _row_tile(x, bos, length, h, c * BT, col0, H, D, BT, BD)
 
 
 @triton.jit
@@ -427,12 +441,8 @@ def chunk_solve_wu_kernel(
     _store_block(t_base, t33, length, r0 + 48, 48, stride, BC)
 
     for kb in range(0, tl.cdiv(K, BK)):
-        x0 = _scaled_rows(k, G, bos, length, h, r0, valid, kb * BK, b0, H, K, BC, BK, DECAY)
-        x1 = _scaled_rows(k, G, bos, length, h, r0 + 16, valid - 16, kb * BK, b1, H, K, BC, BK, DECAY)
-        x2 = _scaled_rows(k, G, bos, length, h, r0 + 32, valid - 32, kb * BK, b2, H, K, BC, BK, DECAY)
-        x3 = _scaled_rows(k, G, bos, length, h, r0 + 48, valid - 48, kb * BK, b3, H, K, BC, BK, DECAY)
-        y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
-        _store_rows(W_s, y0, y1, y2, y3, bos, length, h, r0, kb * BK, H, K, BC, BK)
+        _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, k, G, W_s, bos, length, h, r0, valid,
+                              kb * BK, b0, b1, b2, b3, H, K, BC, BK, DECAY, PREC)  # fmt: skip
     if DECOUPLED:
         b_all = _beta(beta, bos, h, r0, valid, H, BT, HAS_BETA)
     for vb in range(0, tl.cdiv(V, BV)):
@@ -443,13 +453,11 @@ def chunk_solve_wu_kernel(
             x1 = _pv_rows(A_kw, bv, bos, length, h, r0 + 16, b1, H, BT, BC, PREC)
             x2 = _pv_rows(A_kw, bv, bos, length, h, r0 + 32, b2, H, BT, BC, PREC)
             x3 = _pv_rows(A_kw, bv, bos, length, h, r0 + 48, b3, H, BT, BC, PREC)
+            y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
+            _store_rows(U_v, y0, y1, y2, y3, bos, length, h, r0, vb * BV, H, V, BC, BV)
         else:
-            x0 = _scaled_rows(v, G, bos, length, h, r0, valid, vb * BV, b0, H, V, BC, BV, DECAY_NONE)
-            x1 = _scaled_rows(v, G, bos, length, h, r0 + 16, valid - 16, vb * BV, b1, H, V, BC, BV, DECAY_NONE)
-            x2 = _scaled_rows(v, G, bos, length, h, r0 + 32, valid - 32, vb * BV, b2, H, V, BC, BV, DECAY_NONE)
-            x3 = _scaled_rows(v, G, bos, length, h, r0 + 48, valid - 48, vb * BV, b3, H, V, BC, BV, DECAY_NONE)
-        y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
-        _store_rows(U_v, y0, y1, y2, y3, bos, length, h, r0, vb * BV, H, V, BC, BV)
+            _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, v, G, U_v, bos, length, h, r0,
+                                  valid, vb * BV, b0, b1, b2, b3, H, V, BC, BV, DECAY_NONE, PREC)  # fmt: skip
 
 
 @triton.jit
