@@ -35,7 +35,7 @@ def main(path: str) -> None:
         cells = [f"{t * 1e6:.1f}" if t else "-" for t in (ours, torch_path, fla)]
         print(f"| {cell} | {batch} | {' | '.join(cells)} | {ratio} | {batch / ours:,.0f} |")
     if prefill:
-        print("\n| prefill, no grad, B = 8 | T | triton fused recurrent (ms) | torch chunked (ms) |")
+        print("\n| prefill, no grad, B = 8 | T | triton (ms) | torch chunked (ms) |")
         print("|---|---:|---:|---:|")
         for (cell, steps), impls in sorted(prefill.items()):
             print(f"| {cell} | {steps} | {impls['triton'] * 1e3:.2f} | {impls['torch'] * 1e3:.2f} |")

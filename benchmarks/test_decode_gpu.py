@@ -99,7 +99,7 @@ def test_decode_step(benchmark, cell, impl, batch):
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("cell", ["gated_deltanet", "kda"])
 def test_prefill_no_grad(benchmark, cell, backend, steps):
-    """Inference on a prompt: the fused recurrent kernel against the torch chunked path ("auto"'s choice)."""
+    """Inference on a prompt: backend "triton" (fused recurrent up to 64 steps, chunkwise beyond) against torch."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     batch = 8
     q, k = (F.normalize(torch.randn(batch, steps, H, K, generator=gen, device="cuda"), dim=-1).bfloat16() for _ in "qk")

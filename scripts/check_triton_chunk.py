@@ -30,6 +30,8 @@ cu_seqlens, with and without initial states), extreme gates (log-decay −20 on 
 beta exactly 0 and 1 on some steps), then two large cases (T = 4096, K = V = 128, H = 16, B = 1; T = 1000,
 K = V = 256, H = 4, B = 2). ``--quick`` uses T ∈ {1, 5, 17}, K = V ∈ {8, 12}, H ∈ {1, 2}.
 
+``--only small`` or ``--only large`` splits the check over two device calls.
+
 Prints one line per case and a summary. Exit code 1 if any case failed, 2 if none failed but some were not
 run because ``--max-seconds`` ran out (the large cases come last).
 """
@@ -218,10 +220,15 @@ def main() -> int:
         "--jobs", type=int, default=None, help="processes for the small cases, which compile their kernels in "
         "parallel (default: one per (cell, dtype), at most 10, on CUDA; 1 on CPU)"
     )  # fmt: skip
+    parser.add_argument(
+        "--only", choices=("small", "large"), help="run only the small or only the large cases (to split the check "
+        "over two device calls)"
+    )  # fmt: skip
     parser.add_argument("--worker", type=float, help=argparse.SUPPRESS)  # run_worker's child: the deadline
     args = parser.parse_args()
     dtypes = [dtype for dtype, name in DTYPE_NAMES.items() if name in args.dtypes]
     small, large = cases(args.quick)
+    small, large = ([] if args.only == "large" else small), ([] if args.only == "small" else large)
     if args.worker is not None:
         if args.device == "cpu":
             torch.set_num_threads(1)
@@ -242,7 +249,7 @@ def main() -> int:
             if line:
                 print(line, flush=True)
 
-    if jobs > 1:  # Triton compiles on the host, one kernel at a time per process: spread the groups
+    if jobs > 1 and small:  # Triton compiles on the host, one kernel at a time per process: spread the groups
         with ThreadPoolExecutor(jobs) as pool:
             for done in as_completed([pool.submit(run_worker, cell, dtype, args, deadline) for cell, dtype in groups]):
                 show(done.result())
