@@ -1,4 +1,4 @@
-"""The ``linrnn`` command: ``linrnn demo``, ``linrnn cells``, ``linrnn presets``."""
+"""The ``linrnn`` command: ``linrnn demo``, ``linrnn cells``, ``linrnn presets``, ``linrnn stability``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 import linrnn
-from linrnn.models import LanguageModel, ModelConfig, list_presets, model_config
+from linrnn.models import LanguageModel, ModelConfig, list_presets, model_config, save_checkpoint
+from linrnn.stability import report as stability_report
 
 # Shakespeare, Sonnet 18 (public domain): the demo's training text, read as UTF-8 bytes.
 TEXT = """\
@@ -78,7 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo_parser.add_argument("--steps", type=positive_int, default=30, help="AdamW steps per cell (default 30)")
     demo_parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo_parser.add_argument("--save", type=Path, help="directory for the trained models (DIR/<cell>.pt)")
     demo_parser.set_defaults(command=demo)
+
+    stability_parser = commands.add_parser(
+        "stability", help="spectral radius, norms and growth of each cell's transition against its certificate"
+    )
+    stability_report.add_arguments(stability_parser)
+    stability_parser.set_defaults(command=stability_report.run)
 
     commands.add_parser("cells", help="list the recurrence cells").set_defaults(command=cells)
     presets_parser = commands.add_parser("presets", help="list the model presets with parameter counts")
@@ -111,8 +120,10 @@ def demo(args: argparse.Namespace) -> int:
     console = Console()
     data = torch.tensor(list(TEXT.encode("utf-8")))
     with Progress(console=console, transient=True) as progress:
-        results = [run_cell(cell, data, args.steps, args.seed, progress) for cell in args.cells]
+        results = [run_cell(cell, data, args.steps, args.seed, progress, args.save) for cell in args.cells]
     console.print(results_table(results), samples_table(results))
+    if args.save is not None:
+        console.print(f"checkpoints: {', '.join(str(args.save / f'{cell}.pt') for cell in args.cells)}")
     failed = [result.cell for result in results if not result.ok]
     if failed:
         console.print(f"[red]failed (non-finite loss or decode mismatch > {DECODE_TOLERANCE:g}): {', '.join(failed)}")
@@ -120,13 +131,17 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_cell(cell: str, data: torch.Tensor, steps: int, seed: int, progress: Progress) -> DemoResult:
+def run_cell(cell: str, data: torch.Tensor, steps: int, seed: int, progress: Progress,
+             save: Path | None = None) -> DemoResult:  # fmt: skip
     torch.manual_seed(seed)
     model = linrnn.build_model(cell, preset="tiny")
     task = progress.add_task(cell, total=steps)
     start = time.perf_counter()
     losses = train(model, data, steps, lambda loss: progress.update(task, advance=1, description=f"{cell} {loss:.3f}"))
     seconds = time.perf_counter() - start
+    if save is not None:
+        save.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(model, save / f"{cell}.pt")
     prompt = torch.tensor(list(PROMPT.encode("utf-8")))
     new_bytes = linrnn.generate(model, prompt, SAMPLE_BYTES, temperature=0)[len(prompt) :]
     return DemoResult(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -98,6 +99,21 @@ class LanguageModel(nn.Module):
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())
         return total - self.embed.weight.numel() if exclude_embeddings else total
+
+
+def save_checkpoint(model: LanguageModel, path: str | Path) -> None:
+    """One file with the model's config and weights (``load_checkpoint`` reads it back)."""
+    torch.save({"config": model.config.model_dump(), "model": model.state_dict()}, path)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> LanguageModel:
+    """A model saved by ``save_checkpoint``."""
+    saved = torch.load(path, map_location=map_location, weights_only=True)
+    if not isinstance(saved, dict) or set(saved) != {"config", "model"}:
+        raise ValueError(f"load_checkpoint: {path} is not a linrnn checkpoint (expected keys config and model)")
+    model = LanguageModel(ModelConfig(**saved["config"]))
+    model.load_state_dict(saved["model"])
+    return model
 
 
 def build_model(cell: str, preset: str = "tiny", **overrides: Any) -> LanguageModel:

@@ -179,12 +179,29 @@ class LinearRNNMixer(nn.Module):
         beta = at_least_fp32(self.b_proj(x)).sigmoid()
         return 2 * beta if self.config.allow_neg_eigval else beta
 
-    def mix(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, extra: dict[str, Tensor], **op_args):
-        """Gates from ``x`` and the cell's op on per-head q, k ``[B, T, H, K]``, v ``[B, T, H, V]``."""
+    def gates(self, x: Tensor, k: Tensor, extra: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The cell's recurrence inputs besides q, k, v, as its op names them: any of ``g`` (log-decay
+        ``[B, T, H]`` or ``[B, T, H, K]``), ``beta`` ``[B, T, H]``, ``a`` (erase direction) and ``log_gamma``."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, state: MixerState | None = None, output_state: bool = False):
-        """x ``[B, T, hidden]`` → (y ``[B, T, hidden]``, new MixerState or None)."""
+    def erase_direction(self, k: Tensor, extra: dict[str, Tensor]) -> Tensor | None:
+        """The unit erase direction ``[B, T, H, K]`` of the recurrence: k for tied erase, None without erase."""
+        return k
+
+    def mix(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, extra: dict[str, Tensor], **op_args):
+        """The cell's op on per-head q, k ``[B, T, H, K]``, v ``[B, T, H, V]`` with ``gates(x, k, extra)``."""
+        raise NotImplementedError
+
+    def recurrence_inputs(self, x: Tensor, state: MixerState | None = None) -> dict[str, Tensor]:
+        """What the recurrence sees for input ``x`` ``[B, T, hidden]``: the gates (``gates``) and ``erase``
+        (the unit erase direction, or absent without erase). Used by ``linrnn.stability`` on real inputs."""
+        _, k, _, extra, _ = self.streams(x, state)
+        inputs = self.gates(x, k, extra)
+        erase = self.erase_direction(k, extra)
+        return inputs if erase is None else {**inputs, "erase": erase}
+
+    def streams(self, x: Tensor, state: MixerState | None = None):
+        """Projections, short conv, heads, RoPE and L2 norm: (q, k, v, extra, new conv history)."""
         config = self.config
         history = state.conv if state is not None else {}
         position = state.position if state is not None else 0
@@ -202,7 +219,12 @@ class LinearRNNMixer(nn.Module):
         q, k, v = streams.pop("q"), streams.pop("k"), streams.pop("v")
         q, k = F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)
         extra = {name: F.normalize(h, dim=-1, eps=1e-6) for name, h in streams.items()}
+        return q, k, v, extra, new_history
 
+    def forward(self, x: Tensor, state: MixerState | None = None, output_state: bool = False):
+        """x ``[B, T, hidden]`` → (y ``[B, T, hidden]``, new MixerState or None)."""
+        q, k, v, extra, new_history = self.streams(x, state)
+        position = state.position if state is not None else 0
         o, recurrent = self.mix(
             x,
             q,
@@ -211,8 +233,8 @@ class LinearRNNMixer(nn.Module):
             extra,
             initial_state=state.recurrent if state is not None else None,
             output_final_state=output_state,
-            backend=config.backend,
-            chunk_size=config.chunk_size,
+            backend=self.config.backend,
+            chunk_size=self.config.chunk_size,
         )
         gate = rearrange(self.g_proj(x), "b t (h d) -> b t h d", h=self.num_heads)
         y = self.o_proj(rearrange(self.o_norm(o, gate), "b t h d -> b t (h d)"))

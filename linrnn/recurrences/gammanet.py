@@ -26,9 +26,14 @@ class GammaNet(KimiDeltaAttention):
         super().__init__(config)
         self.log_gamma = nn.Parameter(torch.zeros(config.num_heads, config.head_k_dim))
 
+    def gates(self, x, k, extra):
+        return {"a": extra["a"], **super().gates(x, k, extra), "log_gamma": self.log_gamma}
+
+    def erase_direction(self, k, extra):
+        return extra["a"]
+
     def mix(self, x, q, k, v, extra, **op_args):
-        g = self.channel_log_decay(x)
-        return ops.gammanet(q, k, v, extra["a"], g, self.write_strength(x), self.log_gamma, **op_args)
+        return ops.gammanet(q, k, v, **self.gates(x, k, extra), **op_args)
 
 
 SPEC = register(

@@ -20,9 +20,12 @@ class GatedDeltaNet(LinearRNNMixer):
         self.b_proj = nn.Linear(config.hidden_size, heads, bias=False)  # W_β
         self.A_log, self.dt_bias = mamba_decay_params(heads, heads)
 
-    def mix(self, x, q, k, v, extra, **op_args):
+    def gates(self, x, k, extra):
         g = mamba_log_decay(self.f_proj(x), self.A_log, self.dt_bias)  # [B, T, H]
-        return ops.gated_delta_rule(q, k, v, g, self.write_strength(x), **op_args)
+        return {"g": g, "beta": self.write_strength(x)}
+
+    def mix(self, x, q, k, v, extra, **op_args):
+        return ops.gated_delta_rule(q, k, v, **self.gates(x, k, extra), **op_args)
 
 
 SPEC = register(

@@ -22,9 +22,15 @@ class GatedLinearAttention(LinearRNNMixer):
             nn.Linear(config.gate_low_rank, key_width, bias=True),
         )  # low-rank W_α with bias
 
-    def mix(self, x, q, k, v, extra, **op_args):
+    def gates(self, x, k, extra):
         pre = at_least_fp32(rearrange(self.f_proj(x), "b t (h k) -> b t h k", h=self.num_heads))
-        return ops.gla(q, k, v, F.logsigmoid(pre) / GATE_NORMALIZER, **op_args)
+        return {"g": F.logsigmoid(pre) / GATE_NORMALIZER}
+
+    def erase_direction(self, k, extra):
+        return None
+
+    def mix(self, x, q, k, v, extra, **op_args):
+        return ops.gla(q, k, v, **self.gates(x, k, extra), **op_args)
 
 
 SPEC = register(

@@ -31,8 +31,11 @@ class KimiDeltaAttention(LinearRNNMixer):
         dt_bias = rearrange(self.dt_bias, "(h k) -> h k", h=self.num_heads)
         return mamba_log_decay(pre, self.A_log[:, None], dt_bias)
 
+    def gates(self, x, k, extra):
+        return {"g": self.channel_log_decay(x), "beta": self.write_strength(x)}
+
     def mix(self, x, q, k, v, extra, **op_args):
-        return ops.kda(q, k, v, self.channel_log_decay(x), self.write_strength(x), **op_args)
+        return ops.kda(q, k, v, **self.gates(x, k, extra), **op_args)
 
 
 CHANNEL_GATE_ROLES = {
