@@ -25,6 +25,7 @@ class ModelConfig(BaseModel):
     tie_embeddings: bool = True
     norm_eps: float = Field(1e-6, gt=0)
     init_std: float = Field(0.02, gt=0)
+    logit_multiplier: float = Field(1.0, gt=0, description="multiplies the logits (muP: base_width / width)")
     mixer: dict[str, Any] = Field(default_factory=dict, description="MixerOptions set explicitly")
 
     @field_validator("cell")

@@ -94,6 +94,8 @@ class LanguageModel(nn.Module):
             x, layer_state = layer(x, None if state is None else state[i], return_state)
             new_state.append(layer_state)
         logits = self.lm_head(self.norm(x))
+        if self.config.logit_multiplier != 1:
+            logits = logits * self.config.logit_multiplier
         return (logits, new_state) if return_state else logits
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:

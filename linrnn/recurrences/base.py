@@ -40,6 +40,9 @@ class MixerOptions(BaseModel):
     use_rope: bool = False
     rope_theta: float = Field(10000.0, gt=0)
     norm_eps: float = Field(1e-6, gt=0)
+    output_multiplier: float = Field(
+        1.0, gt=0, description="multiplies the recurrence output before the gated RMSNorm (seed 000 §4.3: √d_k)"
+    )
     backend: str = "auto"
     chunk_size: int | None = Field(None, gt=0)
 
@@ -146,6 +149,7 @@ class LinearRNNMixer(nn.Module):
     def __init__(self, config: MixerConfig):
         super().__init__()
         self.config = config
+        self.probes: dict[str, Tensor] | None = None  # a dict to fill on each forward (linrnn.parametrizations)
         hidden, heads = config.hidden_size, config.num_heads
         self.num_heads, self.head_k_dim, self.head_v_dim = heads, config.head_k_dim, config.head_v_dim
         key_width, value_width = heads * self.head_k_dim, heads * self.head_v_dim
@@ -232,11 +236,15 @@ class LinearRNNMixer(nn.Module):
             v,
             extra,
             initial_state=state.recurrent if state is not None else None,
-            output_final_state=output_state,
+            output_final_state=output_state or self.probes is not None,
             backend=self.config.backend,
             chunk_size=self.config.chunk_size,
         )
         gate = rearrange(self.g_proj(x), "b t (h d) -> b t h d", h=self.num_heads)
+        if self.config.output_multiplier != 1:
+            o = o * self.config.output_multiplier
+        if self.probes is not None:  # coordinate check: what the recurrence saw and returned
+            self.probes.update(self.gates(x, k, extra), q=q, o=o, state=recurrent)
         y = self.o_proj(rearrange(self.o_norm(o, gate), "b t h d -> b t (h d)"))
         if not output_state:
             return y, None

@@ -1,0 +1,46 @@
+"""Width-scaling parametrizations (SP, muP, GDN-muP) for any cell, by parameter role.
+
+::
+
+    from linrnn import parametrizations
+    parametrizations.list_parametrizations()              # ['gdn-mup', 'mup', 'sp']
+    applied = parametrizations.apply(model, "gdn-mup", base_width=128, optimizer="sgd")
+    optimizer = torch.optim.SGD(applied.param_groups(lr=0.3), momentum=0.98, nesterov=True)
+
+``apply`` re-initialises the model per role and shape, sets the logit multiplier (and optionally seed 000's
+pre-norm multiplier) and returns the per-parameter rules; ``coord_check`` is the standard muP verification.
+Tables and derivations: docs/parametrizations.md.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from linrnn.parametrizations.base import Applied, Optimizer, Parametrization, Rule, Shape
+from linrnn.parametrizations.base import apply as _apply
+from linrnn.parametrizations.gdn_mup import GdnMuP
+from linrnn.parametrizations.mup import MuP
+from linrnn.parametrizations.sp import StandardParametrization
+
+_REGISTRY: dict[str, Parametrization] = {p.name: p for p in (StandardParametrization(), MuP(), GdnMuP())}
+
+
+def list_parametrizations() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> Parametrization:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown parametrization {name!r}; known: {', '.join(list_parametrizations())}")
+    return _REGISTRY[name]
+
+
+def apply(model: nn.Module, name: str, *, base_width: int, optimizer: Optimizer = "adamw",
+          pre_norm_multiplier: bool | None = None) -> Applied:  # fmt: skip
+    """Applies parametrization ``name`` to a ``LanguageModel`` whose width is ``model.config.hidden_size``,
+    relative to ``base_width``; returns the rules, with ``param_groups(lr, weight_decay)`` for an optimizer.
+    ``pre_norm_multiplier``: seed 000 §4.3's multiplier before the output RMSNorm (default on for mup, gdn-mup)."""
+    return _apply(model, get(name), base_width=base_width, optimizer=optimizer, pre_norm_multiplier=pre_norm_multiplier)
+
+
+__all__ = ["Applied", "Parametrization", "Rule", "Shape", "apply", "get", "list_parametrizations"]

@@ -1,0 +1,177 @@
+"""The coordinate check (Tensor Programs V's verification of muP): train a few steps on fixed data at several
+widths and record the mean absolute coordinate of every module's output, and of seed 000's probes, per step.
+
+Under a parametrization that is right for the model, every size is flat in width at every step (slope of log
+size against log width near 0); under SP with a width-independent learning rate, activations fed by updated
+hidden matrices grow with width after the first step. Probes, per mixer, each scaled by the width dependence
+seed 000 predicts for it so that flat means as predicted: ``q_hat_sqrt_d`` (the L2-normalised query × √d_k, §4.1),
+``state_sqrt_d`` (the final recurrent state × √d_k, §4.2), ``o`` (the recurrence output entering the gated
+RMSNorm, after the pre-norm multiplier, §4.3), ``beta`` and ``decay`` (exp g). The readout is tracked as the
+logits after the logit multiplier (``logits``), not as ``lm_head``'s raw output.
+
+The model is the ``tiny`` preset (byte vocabulary, 2 layers, 2 heads) at hidden size = width, MLP 4 × width; the
+gate scalars (A_log, dt_bias) of layer i are drawn from the same seed at every width, since with two heads their
+random draws otherwise dominate the decay's differences between widths. The data are the demo's sonnet windows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from linrnn.parametrizations import apply
+from linrnn.recurrences.base import LinearRNNMixer, mamba_decay_params
+
+DEFAULT_LR = {"adamw": 1e-2, "sgd": 0.5}
+PROBES = ("q_hat_sqrt_d", "state_sqrt_d", "o", "beta", "decay")
+
+
+@dataclass
+class CoordCheck:
+    cell: str
+    parametrization: str
+    optimizer: str
+    lr: float
+    widths: list[int]
+    steps: int
+    sizes: dict[str, np.ndarray] = field(default_factory=dict)  # name → [steps + 1, widths] mean |coordinate|
+
+    def slopes(self) -> dict[str, np.ndarray]:
+        """name → [steps + 1] slope of log size against log width (least squares), per step (0 = at init)."""
+        x = np.log(np.asarray(self.widths, dtype=float))
+        return {name: np.polyfit(x, np.log(np.maximum(size, 1e-30)).T, 1)[0] for name, size in self.sizes.items()}
+
+    def worst_slope(self, steps: range | None = None) -> tuple[str, int, float]:
+        """(name, step, slope) with the largest |slope| over ``steps`` (default: after each update, 1 … steps)."""
+        steps = steps or range(1, self.steps + 1)
+        best = ("", 0, 0.0)
+        for name, slope in self.slopes().items():
+            for t in steps:
+                if abs(slope[t]) > abs(best[2]):
+                    best = (name, t, float(slope[t]))
+        return best
+
+    def plot(self, path) -> None:
+        """One panel per step: size against width (log-log) per tracked output, like seed 000's appendix."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axes = plt.subplots(1, self.steps + 1, figsize=(4 * (self.steps + 1), 4), sharey=True)
+        for t, axis in enumerate(np.atleast_1d(axes)):
+            for name, size in self.sizes.items():
+                axis.plot(self.widths, size[t], marker=".", lw=1, alpha=0.7, label=name if t == 0 else None)
+            axis.set_xscale("log", base=2)
+            axis.set_yscale("log")
+            axis.set_xlabel("width")
+            axis.set_title(f"step {t}" + (" (init)" if t == 0 else ""))
+            axis.grid(True, alpha=0.3)
+        np.atleast_1d(axes)[0].set_ylabel("mean |coordinate|")
+        figure.suptitle(f"coordinate check: {self.cell}, {self.parametrization}, {self.optimizer}, lr {self.lr:g}")
+        figure.legend(fontsize=5, loc="center right", ncol=2)
+        figure.tight_layout(rect=(0, 0, 0.78, 1))
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+
+
+def coord_check(cell: str, parametrization: str, *, widths=(64, 128, 256, 512), base_width: int = 64,
+                optimizer: str = "adamw", lr: float | None = None, steps: int = 3, batch: int = 8,
+                seq_len: int = 64, seed: int = 0, pre_norm_multiplier: bool | None = None,
+                on_step: Callable[[], None] | None = None) -> CoordCheck:  # fmt: skip
+    """Runs the check (module docstring) and returns the sizes; ``lr`` defaults to 1e-2 (AdamW), 0.5 (SGD)."""
+    import linrnn
+    from linrnn.cli import TEXT
+
+    lr = DEFAULT_LR[optimizer] if lr is None else lr
+    data = torch.tensor(list(TEXT.encode("utf-8")))
+    if len(data) < batch * seq_len + 1:
+        raise ValueError(f"coord_check: batch × seq_len = {batch * seq_len} exceeds the {len(data) - 1} bytes of text")
+    windows = data[: batch * seq_len + 1]
+    inputs, targets = windows[:-1].view(batch, seq_len), windows[1:].view(batch, seq_len)
+    result = CoordCheck(cell, parametrization, optimizer, lr, list(widths), steps)
+    for column, width in enumerate(widths):
+        torch.manual_seed(seed)
+        model = linrnn.build_model(cell, preset="tiny", hidden_size=width, intermediate_size=4 * width)
+        applied = apply(model, parametrization, base_width=base_width, optimizer=optimizer,
+                        pre_norm_multiplier=pre_norm_multiplier)  # fmt: skip
+        _same_gate_scalars(model, seed)
+        groups = applied.param_groups(lr)
+        opt = torch.optim.AdamW(groups, weight_decay=0.0) if optimizer == "adamw" else torch.optim.SGD(groups)
+        for t, sizes in enumerate(_train(model, opt, inputs, targets, steps, on_step)):
+            for name, size in sizes.items():
+                result.sizes.setdefault(name, np.zeros((steps + 1, len(widths))))[t, column] = size
+    return result
+
+
+@torch.no_grad()
+def _same_gate_scalars(model: nn.Module, seed: int) -> None:
+    """A_log and dt_bias of layer i drawn from seed + i (per-channel dt_bias: the first entries agree)."""
+    for i, layer in enumerate(model.layers):
+        mixer = layer.mixer
+        if hasattr(mixer, "A_log"):
+            torch.manual_seed(seed + 1000 + i)
+            a_log, dt_bias = mamba_decay_params(mixer.A_log.numel(), mixer.dt_bias.numel())
+            mixer.A_log.copy_(a_log)
+            mixer.dt_bias.copy_(dt_bias)
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, inputs: Tensor, targets: Tensor, steps: int, on_step):
+    """Yields {name: mean |coordinate|} of the forward at each step 0 … steps (updates in between)."""
+    mixers = {name: module for name, module in model.named_modules() if isinstance(module, LinearRNNMixer)}
+    sizes: dict[str, float] = {}
+
+    def record(name: str):
+        def hook(module, args, output):
+            tensor = output[0] if isinstance(output, tuple) else output
+            if isinstance(tensor, Tensor) and tensor.is_floating_point():
+                sizes[name] = float(tensor.detach().abs().mean())
+
+        return hook
+
+    handles = [module.register_forward_hook(record(name or "logits")) for name, module in model.named_modules()
+               if name != "lm_head" and not isinstance(module, (nn.ModuleList, nn.Sequential))]  # fmt: skip
+    try:
+        for t in range(steps + 1):
+            sizes.clear()
+            for mixer in mixers.values():
+                mixer.probes = {}
+            logits = model(inputs)
+            for name, mixer in mixers.items():
+                sizes.update({f"{name}:{key}": value for key, value in _probe_sizes(mixer).items()})
+                mixer.probes = None
+            yield dict(sizes)
+            if t == steps:
+                break
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if on_step is not None:
+                on_step()
+    finally:
+        for handle in handles:
+            handle.remove()
+        for mixer in mixers.values():
+            mixer.probes = None
+
+
+def _probe_sizes(mixer: LinearRNNMixer) -> dict[str, float]:
+    probes = mixer.probes
+    root_d = math.sqrt(mixer.head_k_dim)
+    out = {
+        "q_hat_sqrt_d": float(probes["q"].detach().abs().mean()) * root_d,
+        "state_sqrt_d": float(probes["state"].detach().abs().mean()) * root_d,
+        "o": float(probes["o"].detach().abs().mean()),
+    }
+    if "beta" in probes:
+        out["beta"] = float(probes["beta"].detach().abs().mean())
+    if "g" in probes:
+        out["decay"] = float(probes["g"].detach().exp().mean())
+    return out

@@ -1,0 +1,124 @@
+"""linrnn.parametrizations: the registry, the per-role rules (seed 000's SGD gate rules among them), the base-width
+equivalence with SP, param_groups, and the coordinate check's SP baseline."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import linrnn
+from linrnn import parametrizations as P
+from linrnn.parametrizations.coord_check import coord_check
+from tests.helpers import CELLS
+
+GATES = {"f_proj.weight", "b_proj.weight"}  # GDN's W_α, W_β
+SCALARS = {"A_log", "dt_bias"}
+
+
+def test_registry():
+    assert P.list_parametrizations() == ["gdn-mup", "mup", "sp"]
+    with pytest.raises(ValueError, match="unknown parametrization 'ntk'"):
+        P.get("ntk")
+
+
+def gdn_lrs(name, optimizer, width, base_width=64):
+    model = linrnn.build_model("gdn", hidden_size=width)
+    applied = P.apply(model, name, base_width=base_width, optimizer=optimizer)
+    return {n.split("mixer.")[-1]: lr for n, lr in applied.lr_multipliers().items() if "layers.0." in n}
+
+
+@pytest.mark.parametrize("m", [4, 16])
+def test_seed_sgd_gate_rules(m):
+    """Under gdn-mup SGD, W_α and W_β scale as m^-1/2 and A_log, dt_bias as m^1/2; plain muP treats W_α, W_β as
+    hidden (lr · 1) and A_log, dt_bias as fixed-size biases (lr · 1); under AdamW both give the gates η/m."""
+    gdn_sgd, mup_sgd = gdn_lrs("gdn-mup", "sgd", 64 * m), gdn_lrs("mup", "sgd", 64 * m)
+    for name in GATES:
+        assert gdn_sgd[name] == pytest.approx(m**-0.5)
+        assert mup_sgd[name] == pytest.approx(1.0)
+    for name in SCALARS:
+        assert gdn_sgd[name] == pytest.approx(m**0.5)
+        assert mup_sgd[name] == pytest.approx(1.0)
+    assert gdn_sgd["q_proj.weight"] == mup_sgd["q_proj.weight"] == pytest.approx(1.0)  # hidden: η
+    for name in ("gdn-mup", "mup"):
+        adam = gdn_lrs(name, "adamw", 64 * m)
+        assert all(adam[g] == pytest.approx(1 / m) for g in GATES)
+        assert all(adam[s] == pytest.approx(1.0) for s in SCALARS)
+        assert adam["q_proj.weight"] == pytest.approx(1 / m)
+
+
+def test_embedding_readout_and_multipliers():
+    model = linrnn.build_model("gdn", hidden_size=256)
+    applied = P.apply(model, "mup", base_width=64, optimizer="sgd")
+    assert applied.lr_multipliers()["embed.weight"] == pytest.approx(4.0)  # input weights: η · fan_out
+    assert model.config.logit_multiplier == pytest.approx(1 / 4)
+    head_k = model.layers[0].mixer.head_k_dim
+    assert model.layers[0].mixer.config.output_multiplier == pytest.approx(head_k / (0.75 * 64 / 2))
+    std = model.layers[0].mixer.q_proj.weight.std().item()
+    assert std == pytest.approx(0.02 / 2, rel=0.05)  # σ / √m_in
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_base_width_is_sp(cell, optimizer):
+    """At the base width every parametrization gives SP's model, multipliers and learning rates."""
+    results = {}
+    for name in P.list_parametrizations():
+        torch.manual_seed(0)
+        model = linrnn.build_model(cell, hidden_size=64)
+        applied = P.apply(model, name, base_width=64, optimizer=optimizer)
+        results[name] = (model, applied)
+    sp_model, sp_applied = results["sp"]
+    for name, (model, applied) in results.items():
+        assert set(applied.lr_multipliers().values()) == {1.0}, name
+        assert model.config.logit_multiplier == 1.0
+        assert all(layer.mixer.config.output_multiplier == 1.0 for layer in model.layers)
+        for (n, p), (_, q) in zip(model.named_parameters(), sp_model.named_parameters(), strict=True):
+            assert torch.equal(p, q), (name, n)
+
+
+def test_refuses_parameters_without_role():
+    model = linrnn.build_model("kda", hidden_size=128)
+    model.layers[0].mixer.extra = nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="without a role.*extra"):
+        P.apply(model, "mup", base_width=64)
+
+
+def test_bad_arguments():
+    model = linrnn.build_model("gla", hidden_size=128)
+    with pytest.raises(ValueError, match="'optimizer' must be 'adamw' or 'sgd', got 'lion'"):
+        P.apply(model, "mup", base_width=64, optimizer="lion")
+    with pytest.raises(ValueError, match="'model' must be a linrnn LanguageModel"):
+        P.apply(nn.Linear(2, 2), "mup", base_width=64)
+    with pytest.raises(ValueError, match="no base model at base_width = 7"):
+        P.apply(model, "mup", base_width=7)  # 0.75 · 7 is not a whole key width
+
+
+def test_param_groups_weight_decay():
+    model = linrnn.build_model("gammanet", hidden_size=256)
+    applied = P.apply(model, "gdn-mup", base_width=64, optimizer="adamw")
+    groups = applied.param_groups(lr=1e-2, weight_decay=0.1)
+    seen = set()
+    for group in groups:
+        seen.update(group["names"])
+        roles = {applied.roles[n] for n in group["names"]}
+        if roles & {"norm", "bias", "gate_scalar", "gamma"}:
+            assert group["weight_decay"] == 0.0 and roles <= {"norm", "bias", "gate_scalar", "gamma"}
+        else:
+            multiplier = group["lr"] / 1e-2
+            assert group["lr"] * group["weight_decay"] == pytest.approx(1e-2 * 0.1)  # independent of the multiplier
+            assert multiplier in (1.0, pytest.approx(0.25))
+    assert seen == {n for n, _ in model.named_parameters()}
+    torch.optim.AdamW(groups)  # a torch optimizer takes them
+
+
+def test_sp_coordinates_grow_with_width():
+    """The coordinate check's baseline: under SP with one AdamW lr, hidden activations grow with width after a
+    step (slope ≥ 0.25), while at init they do not exceed SP's own fan-in growth."""
+    check = coord_check("gated_deltanet", "sp", widths=(64, 128, 256), optimizer="adamw", steps=1)
+    slopes = check.slopes()
+    grown = max(slopes[name][1] for name in slopes if "v_proj" in name or "o_proj" in name)
+    assert grown >= 0.25
+    assert math.isfinite(check.worst_slope()[2])
