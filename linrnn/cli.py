@@ -1,4 +1,5 @@
-"""The ``linrnn`` command: ``linrnn demo``, ``linrnn cells``, ``linrnn presets``, ``linrnn stability``."""
+"""The ``linrnn`` command: ``linrnn demo``, ``linrnn cells``, ``linrnn presets``, ``linrnn stability``,
+``linrnn coord-check``."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from rich.text import Text
 
 import linrnn
 from linrnn.models import LanguageModel, ModelConfig, list_presets, model_config, save_checkpoint
+from linrnn.parametrizations import coord_check
 from linrnn.stability import report as stability_report
 
 # Shakespeare, Sonnet 18 (public domain): the demo's training text, read as UTF-8 bytes.
@@ -88,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stability_report.add_arguments(stability_parser)
     stability_parser.set_defaults(command=stability_report.run)
+
+    coord_parser = commands.add_parser(
+        "coord-check", help="coordinate sizes against width over a few training steps (the muP check)"
+    )
+    coord_check.add_arguments(coord_parser)
+    coord_parser.set_defaults(command=coord_check.run)
 
     commands.add_parser("cells", help="list the recurrence cells").set_defaults(command=cells)
     presets_parser = commands.add_parser("presets", help="list the model presets with parameter counts")

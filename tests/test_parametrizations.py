@@ -55,7 +55,10 @@ def test_embedding_readout_and_multipliers():
     assert applied.lr_multipliers()["embed.weight"] == pytest.approx(4.0)  # input weights: η · fan_out
     assert model.config.logit_multiplier == pytest.approx(1 / 4)
     head_k = model.layers[0].mixer.head_k_dim
-    assert model.layers[0].mixer.config.output_multiplier == pytest.approx(head_k / (0.75 * 64 / 2))
+    assert model.layers[0].mixer.config.output_multiplier == pytest.approx(math.sqrt(head_k / (0.75 * 64 / 2)))
+    off = linrnn.build_model("gdn", hidden_size=256)
+    P.apply(off, "mup", base_width=64, optimizer="sgd", pre_norm_multiplier=False)
+    assert off.layers[0].mixer.config.output_multiplier == 1.0
     std = model.layers[0].mixer.q_proj.weight.std().item()
     assert std == pytest.approx(0.02 / 2, rel=0.05)  # σ / √m_in
 
@@ -122,3 +125,12 @@ def test_sp_coordinates_grow_with_width():
     grown = max(slopes[name][1] for name in slopes if "v_proj" in name or "o_proj" in name)
     assert grown >= 0.25
     assert math.isfinite(check.worst_slope()[2])
+
+
+def test_coord_check_cli(tmp_path):
+    from linrnn.cli import main
+
+    plot = tmp_path / "coords.png"
+    args = ["coord-check", "gdn", "--param", "gdn-mup", "--optimizer", "sgd", "--lr", "0.1", "--widths", "64", "128"]
+    assert main([*args, "--steps", "1", "--plot", str(plot)]) == 0
+    assert plot.stat().st_size > 10_000

@@ -176,9 +176,9 @@ def apply(
     if pre_norm_multiplier is None:
         pre_norm_multiplier = parametrization.pre_norm_multiplier
     for layer, base_layer in zip(model.layers, base_model.layers, strict=True):
-        # seed 000 §4.3, relative to the base width: o = Sᵀ(q̂/√d_k) has coordinates of size 1/d_k (1/√d_k from the
-        # L2-normalised q̂ and k̂, 1/√d_k from the query scale); d_k / d_k0 keeps it at its base-width size
-        multiplier = layer.mixer.head_k_dim / base_layer.mixer.head_k_dim if pre_norm_multiplier else 1.0
+        # seed 000 §4.3, relative to the base width (docs/parametrizations.md): once q̂ and k̂ align, q̂·k̂ = Θ(1) and
+        # o = Sᵀ(q̂/√d_k) has coordinates of size 1/√d_k from the query scale; √(d_k / d_k0) keeps them fixed
+        multiplier = math.sqrt(layer.mixer.head_k_dim / base_layer.mixer.head_k_dim) if pre_norm_multiplier else 1.0
         layer.mixer.config.output_multiplier = multiplier
     return Applied(parametrization.name, optimizer, base_width, config.hidden_size, roles, shapes, rules, model)
 

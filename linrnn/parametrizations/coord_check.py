@@ -175,3 +175,47 @@ def _probe_sizes(mixer: LinearRNNMixer) -> dict[str, float]:
     if "g" in probes:
         out["decay"] = float(probes["g"].detach().exp().mean())
     return out
+
+
+def add_arguments(parser) -> None:
+    """``linrnn coord-check CELL --param NAME --optimizer adamw|sgd [--lr LR] [--widths ...] [--plot FILE]``."""
+    parser.add_argument("cell", help="cell name or alias")
+    parser.add_argument("--param", default="gdn-mup", help="parametrization: sp, mup, gdn-mup (default gdn-mup)")
+    parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    parser.add_argument("--lr", type=float, help="base learning rate (default 1e-2 for AdamW, 0.5 for SGD)")
+    parser.add_argument("--widths", type=int, nargs="+", default=[64, 128, 256, 512])
+    parser.add_argument("--base-width", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    parser.add_argument("--no-pre-norm-multiplier", action="store_true", help="switch seed 000 §4.3's multiplier off")
+    parser.add_argument("--plot", help="write the size-against-width plot here (png, pdf, svg)")
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from linrnn.recurrences.registry import canonical_name
+
+    console = Console(width=max(Console().width, 130))
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("training", total=len(args.widths) * args.steps)
+        check = coord_check(canonical_name(args.cell), args.param, widths=tuple(args.widths),
+                            base_width=args.base_width, optimizer=args.optimizer, lr=args.lr, steps=args.steps,
+                            pre_norm_multiplier=False if args.no_pre_norm_multiplier else None,
+                            on_step=lambda: progress.advance(task))  # fmt: skip
+    table = Table(title=f"coordinate check: {check.cell}, {check.parametrization}, {check.optimizer}, lr {check.lr:g}, "
+                        f"widths {check.widths}: slope of log mean |coordinate| against log width")  # fmt: skip
+    table.add_column("output")
+    for t in range(check.steps + 1):
+        table.add_column(f"step {t}" + (" (init)" if t == 0 else ""), justify="right")
+    for name, slope in check.slopes().items():
+        style = "red" if (abs(slope[1:]) > 0.15).any() else ""
+        table.add_row(name, *(f"[{style}]{value:+.2f}" if style else f"{value:+.2f}" for value in slope))
+    console.print(table)
+    name, step, slope = check.worst_slope()
+    console.print(f"largest |slope| after a step: {name} at step {step}: {slope:+.2f}")
+    if args.plot:
+        check.plot(args.plot)
+        console.print(f"plot: {args.plot}")
+    return 0
