@@ -34,9 +34,11 @@ def train(cell: str, width: int, multiplier: bool, steps: int, lr: float) -> tup
     inputs, targets = windows[:-1].view(8, 64), windows[1:].view(8, 64)
     sizes = {}
     norm = model.layers[-1].mixer.o_norm
-    hook = norm.register_forward_hook(
-        lambda module, args, out: sizes.update(inp=float(args[0].detach().abs().mean()), out=float(out.detach().abs().mean()))
-    )
+
+    def record(module, args, out):
+        sizes.update(inp=float(args[0].detach().abs().mean()), out=float(out.detach().abs().mean()))
+
+    hook = norm.register_forward_hook(record)
     for _ in range(steps):
         loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
         optimizer.zero_grad()
