@@ -83,7 +83,7 @@ class CoordCheck:
 
 def coord_check(cell: str, parametrization: str, *, widths=(64, 128, 256, 512), base_width: int = 64,
                 optimizer: str = "adamw", lr: float | None = None, steps: int = 3, batch: int = 8,
-                seq_len: int = 64, seed: int = 0, pre_norm_multiplier: bool | None = None,
+                seq_len: int = 64, seed: int = 0, num_heads: int = 2, pre_norm_multiplier: bool | None = None,
                 on_step: Callable[[], None] | None = None) -> CoordCheck:  # fmt: skip
     """Runs the check (module docstring) and returns the sizes; ``lr`` defaults to 1e-2 (AdamW), 0.5 (SGD)."""
     import linrnn
@@ -98,7 +98,8 @@ def coord_check(cell: str, parametrization: str, *, widths=(64, 128, 256, 512), 
     result = CoordCheck(cell, parametrization, optimizer, lr, list(widths), steps)
     for column, width in enumerate(widths):
         torch.manual_seed(seed)
-        model = linrnn.build_model(cell, preset="tiny", hidden_size=width, intermediate_size=4 * width)
+        model = linrnn.build_model(cell, preset="tiny", hidden_size=width, intermediate_size=4 * width,
+                                   num_heads=num_heads)  # fmt: skip
         applied = apply(model, parametrization, base_width=base_width, optimizer=optimizer,
                         pre_norm_multiplier=pre_norm_multiplier)  # fmt: skip
         _same_gate_scalars(model, seed)
