@@ -13,7 +13,7 @@ Random draws (``random_inputs``), ``draws`` steps in sequences of ``horizon`` st
 - kda_f: the given F, or one per sequence: ``F="general"``, Gaussian entries; ``F="orthogonal"``, QΓ with Q Haar
   and Γ as above.
 
-Adversarial search: projected-free gradient ascent (Adam, lr 0.05) over unconstrained parameters mapped onto the
+Adversarial search: gradient ascent (Adam, lr 0.05) over unconstrained parameters mapped onto the
 admissible set (α = sigmoid, β = beta_max · sigmoid, e = normalize, log Γ = log(gamma_cond)/2 · tanh, F free or
 F = expm(W − Wᵀ) Diag(exp s)), ``restarts`` random starts × ``steps`` steps, each start climbing one of three
 objectives: the spectral radius of its first step (through ``log ‖A^64‖₂ / 64``, whose gradient is smooth), the
@@ -124,18 +124,22 @@ def measure(cell: str, inputs: dict[str, Tensor], generator: torch.Generator | N
     shared = {arg: inputs[arg][:, 0] for arg in ("gamma", "F") if arg in inputs}  # fixed along a sequence
     natural = natural_metric(name, **shared) if shared else None
     metric = certificate_metric(name, **shared) if shared else None
-    expand = lambda M: None if M is None else M[:, None]  # noqa: E731  [N, 1, K, K] against [N, T, K, K]
     growth = log_growth(A)
     return Measured(
         inputs=inputs,
         spectral_radius=spectral_radius(A),
         norm=operator_norm(A),
-        natural_norm=natural_norm(A, expand(natural)),
-        certificate_norm=natural_norm(A, expand(metric)),
+        natural_norm=natural_norm(A, _per_step(natural)),
+        certificate_norm=natural_norm(A, _per_step(metric)),
         log_growth=growth,
         log_bound=condition_number(metric, A[:, 0]).log(),
         lyapunov=lyapunov_exponents(A, generator)[..., 0],
     )
+
+
+def _per_step(metric: Tensor | None) -> Tensor | None:
+    """A per-sequence metric [N, K, K] as [N, 1, K, K], to broadcast against transitions [N, T, K, K]."""
+    return None if metric is None else metric[:, None]
 
 
 def random_inputs(cell: str, sequences: int, horizon: int, key_dim: int, *, beta_max: float = 2.0,
