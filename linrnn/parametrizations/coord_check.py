@@ -3,8 +3,10 @@ widths and record the mean absolute coordinate of every module's output, and of 
 
 Under a parametrization that is right for the model, every size is flat in width at every step (slope of log
 size against log width near 0); under SP with a width-independent learning rate, activations fed by updated
-hidden matrices grow with width after the first step. Probes, per mixer, each scaled by the width dependence
-seed 000 predicts for it so that flat means as predicted: ``q_hat_sqrt_d`` (the L2-normalised query × √d_k, §4.1),
+hidden matrices grow with width after the first step. Besides each output's size, ``Δ name`` records the size of
+its change since step 0 (Tensor Programs' feature-learning desideratum is about the updates; quantities that
+vanish at init under muP by design, like the logits, show their scaling there). Probes, per mixer, each scaled
+by the width dependence seed 000 predicts for it so that flat means as predicted: ``q_hat_sqrt_d`` (the L2-normalised query × √d_k, §4.1),
 ``state_sqrt_d`` (the final recurrent state × √d_k, §4.2), ``o`` (the recurrence output entering the gated
 RMSNorm, after the pre-norm multiplier, §4.3), ``beta`` and ``decay`` (exp g). The readout is tracked as the
 logits after the logit multiplier (``logits``), not as ``lm_head``'s raw output.
@@ -43,9 +45,15 @@ class CoordCheck:
     sizes: dict[str, np.ndarray] = field(default_factory=dict)  # name → [steps + 1, widths] mean |coordinate|
 
     def slopes(self) -> dict[str, np.ndarray]:
-        """name → [steps + 1] slope of log size against log width (least squares), per step (0 = at init)."""
+        """name → [steps + 1] slope of log size against log width (least squares), per step (0 = at init; NaN
+        for the changes since init, ``Δ name``, which start at step 1)."""
         x = np.log(np.asarray(self.widths, dtype=float))
-        return {name: np.polyfit(x, np.log(np.maximum(size, 1e-30)).T, 1)[0] for name, size in self.sizes.items()}
+        slopes = {}
+        for name, size in self.sizes.items():
+            first = 1 if name.startswith("Δ ") else 0
+            fitted = np.polyfit(x, np.log(np.maximum(size[first:], 1e-30)).T, 1)[0]
+            slopes[name] = np.concatenate([np.full(first, np.nan), fitted])
+        return slopes
 
     def worst_slope(self, steps: range | None = None) -> tuple[str, int, float]:
         """(name, step, slope) with the largest |slope| over ``steps`` (default: after each update, 1 … steps)."""
@@ -53,7 +61,7 @@ class CoordCheck:
         best = ("", 0, 0.0)
         for name, slope in self.slopes().items():
             for t in steps:
-                if abs(slope[t]) > abs(best[2]):
+                if abs(slope[t]) > abs(best[2]):  # NaN compares False
                     best = (name, t, float(slope[t]))
         return best
 
@@ -127,12 +135,18 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, inputs: Tensor, targets
     """Yields {name: mean |coordinate|} of the forward at each step 0 … steps (updates in between)."""
     mixers = {name: module for name, module in model.named_modules() if isinstance(module, LinearRNNMixer)}
     sizes: dict[str, float] = {}
+    at_init: dict[str, Tensor] = {}  # each output at step 0, for the change since init
 
     def record(name: str):
         def hook(module, args, output):
             tensor = output[0] if isinstance(output, tuple) else output
             if isinstance(tensor, Tensor) and tensor.is_floating_point():
-                sizes[name] = float(tensor.detach().abs().mean())
+                tensor = tensor.detach()
+                sizes[name] = float(tensor.abs().mean())
+                if name not in at_init:
+                    at_init[name] = tensor.clone()
+                else:
+                    sizes[f"Δ {name}"] = float((tensor - at_init[name]).abs().mean())
 
         return hook
 
@@ -211,8 +225,8 @@ def run(args) -> int:
     for t in range(check.steps + 1):
         table.add_column(f"step {t}" + (" (init)" if t == 0 else ""), justify="right")
     for name, slope in check.slopes().items():
-        style = "red" if (abs(slope[1:]) > 0.15).any() else ""
-        table.add_row(name, *(f"[{style}]{value:+.2f}" if style else f"{value:+.2f}" for value in slope))
+        style = "red" if (np.abs(slope[1:]) > 0.15).any() else ""
+        table.add_row(name, *("-" if np.isnan(v) else f"[{style}]{v:+.2f}" if style else f"{v:+.2f}" for v in slope))
     console.print(table)
     name, step, slope = check.worst_slope()
     console.print(f"largest |slope| after a step: {name} at step {step}: {slope:+.2f}")
