@@ -3,17 +3,20 @@ widths and record the mean absolute coordinate of every module's output, and of 
 
 Under a parametrization that is right for the model, every size is flat in width at every step (slope of log
 size against log width near 0); under SP with a width-independent learning rate, activations fed by updated
-hidden matrices grow with width after the first step. Besides each output's size, ``Δ name`` records the size of
-its change since step 0 (Tensor Programs' feature-learning desideratum is about the updates; quantities that
-vanish at init under muP by design, like the logits, show their scaling there). Probes, per mixer, each scaled
-by the width dependence seed 000 predicts for it so that flat means as predicted: ``q_hat_sqrt_d`` (the L2-normalised query × √d_k, §4.1),
-``state_sqrt_d`` (the final recurrent state × √d_k, §4.2), ``o`` (the recurrence output entering the gated
-RMSNorm, after the pre-norm multiplier, §4.3), ``beta`` and ``decay`` (exp g). The readout is tracked as the
-logits after the logit multiplier (``logits``), not as ``lm_head``'s raw output.
+hidden matrices grow with width after the first step. Besides each output's size, ``Δ name`` records the size
+of its change since step 0 (Tensor Programs' feature-learning desideratum is about the updates; quantities that
+vanish at init under muP by design, like the logits, show their scaling there).
 
-The model is the ``tiny`` preset (byte vocabulary, 2 layers, 2 heads) at hidden size = width, MLP 4 × width; the
-gate scalars (A_log, dt_bias) of layer i are drawn from the same seed at every width, since with two heads their
-random draws otherwise dominate the decay's differences between widths. The data are the demo's sonnet windows.
+Probes, per mixer, each scaled by the width dependence seed 000 predicts for it, so that flat means as
+predicted: ``q_hat_sqrt_d`` (the L2-normalised query × √d_k, §4.1), ``state_sqrt_d`` (the final recurrent state
+× √d_k, §4.2), ``o`` (the recurrence output entering the gated RMSNorm, after the pre-norm multiplier, §4.3),
+``beta`` and ``decay`` (exp g). The readout is tracked as the logits after the logit multiplier (``logits``),
+not as ``lm_head``'s raw output.
+
+The model is the ``tiny`` preset (byte vocabulary, 2 layers, 2 heads unless ``num_heads``) at hidden size =
+width, MLP 4 × width; the gate scalars (A_log, dt_bias) of layer i are drawn from the same seed at every width,
+since with two heads their random draws otherwise dominate the decay's differences between widths. The data are
+the demo's sonnet windows.
 """
 
 from __future__ import annotations
