@@ -21,24 +21,7 @@ import linrnn
 from linrnn.models import LanguageModel, ModelConfig, list_presets, model_config, save_checkpoint
 from linrnn.parametrizations import coord_check
 from linrnn.stability import report as stability_report
-
-# Shakespeare, Sonnet 18 (public domain): the demo's training text, read as UTF-8 bytes.
-TEXT = """\
-Shall I compare thee to a summer's day?
-Thou art more lovely and more temperate:
-Rough winds do shake the darling buds of May,
-And summer's lease hath all too short a date;
-Sometime too hot the eye of heaven shines,
-And often is his gold complexion dimm'd;
-And every fair from fair sometime declines,
-By chance or nature's changing course untrimm'd;
-But thy eternal summer shall not fade,
-Nor lose possession of that fair thou ow'st;
-Nor shall death brag thou wander'st in his shade,
-When in eternal lines to time thou grow'st:
-So long as men can breathe or eyes can see,
-So long lives this, and this gives life to thee.
-"""
+from linrnn.text import TEXT, text_bytes
 
 WINDOW = 64  # bytes per training sequence
 BATCH = 8
@@ -126,7 +109,7 @@ def positive_int(text: str) -> int:
 def demo(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # tiny matrices: more intra-op threads cost more in synchronisation than they save
     console = Console()
-    data = torch.tensor(list(TEXT.encode("utf-8")))
+    data = text_bytes()
     with Progress(console=console, transient=True) as progress:
         results = [run_cell(cell, data, args.steps, args.seed, progress, args.save) for cell in args.cells]
     console.print(results_table(results), samples_table(results))

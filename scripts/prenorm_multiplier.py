@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import linrnn  # noqa: E402
 from linrnn import parametrizations  # noqa: E402
-from linrnn.cli import TEXT  # noqa: E402
+from linrnn.text import text_bytes  # noqa: E402
 
 
 def train(cell: str, width: int, multiplier: bool, steps: int, lr: float) -> tuple[float, float, float]:
@@ -29,7 +29,7 @@ def train(cell: str, width: int, multiplier: bool, steps: int, lr: float) -> tup
     model = linrnn.build_model(cell, hidden_size=width, intermediate_size=4 * width)
     applied = parametrizations.apply(model, "gdn-mup", base_width=64, pre_norm_multiplier=multiplier)
     optimizer = torch.optim.AdamW(applied.param_groups(lr))
-    data = torch.tensor(list(TEXT.encode("utf-8")))
+    data = text_bytes()
     windows = data[: 8 * 64 + 1]
     inputs, targets = windows[:-1].view(8, 64), windows[1:].view(8, 64)
     sizes = {}

@@ -39,10 +39,6 @@ class Shape:
     def grows_in(self) -> bool:
         return self.m_in != 1
 
-    @property
-    def grows_out(self) -> bool:
-        return self.m_out != 1
-
 
 @dataclass(frozen=True)
 class Rule:
@@ -80,10 +76,6 @@ class Applied:
     shapes: dict[str, Shape]
     rules: dict[str, Rule]
     model: nn.Module
-
-    @property
-    def m(self) -> float:
-        return self.width / self.base_width
 
     def lr_multipliers(self) -> dict[str, float]:
         return {name: rule.lr for name, rule in self.rules.items()}

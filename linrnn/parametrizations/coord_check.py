@@ -32,9 +32,9 @@ from torch import Tensor, nn
 
 from linrnn.parametrizations import apply
 from linrnn.recurrences.base import LinearRNNMixer, mamba_decay_params
+from linrnn.text import text_bytes
 
 DEFAULT_LR = {"adamw": 1e-2, "sgd": 0.5}
-PROBES = ("q_hat_sqrt_d", "state_sqrt_d", "o", "beta", "decay")
 
 
 @dataclass
@@ -98,10 +98,9 @@ def coord_check(cell: str, parametrization: str, *, widths=(64, 128, 256, 512), 
                 on_step: Callable[[], None] | None = None) -> CoordCheck:  # fmt: skip
     """Runs the check (module docstring) and returns the sizes; ``lr`` defaults to 1e-2 (AdamW), 0.5 (SGD)."""
     import linrnn
-    from linrnn.cli import TEXT
 
     lr = DEFAULT_LR[optimizer] if lr is None else lr
-    data = torch.tensor(list(TEXT.encode("utf-8")))
+    data = text_bytes()
     if len(data) < batch * seq_len + 1:
         raise ValueError(f"coord_check: batch × seq_len = {batch * seq_len} exceeds the {len(data) - 1} bytes of text")
     windows = data[: batch * seq_len + 1]

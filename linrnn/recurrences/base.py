@@ -4,8 +4,8 @@ x → projections → causal depthwise short conv + SiLU (q, k, v and any extra 
 streams) → heads → optional RoPE (q, k) → L2 norm (q, k, extras) → the cell's gates
 and recurrence op → per-head gated RMSNorm → o_proj.
 
-A cell subclasses ``LinearRNNMixer``, adds its gate parameters in ``__init__``
-and implements ``mix`` (gates + op call). Decoding carries a ``MixerState``:
+A cell subclasses ``LinearRNNMixer``, adds its gate parameters in ``__init__``,
+names its op (``op``) and implements ``gates``. Decoding carries a ``MixerState``:
 the short-conv histories and the recurrent state, so step-by-step decoding
 equals the full forward.
 """
@@ -144,6 +144,7 @@ class LinearRNNMixer(nn.Module):
     """Token mixer shared by all cells; subclasses add gates and implement ``mix``."""
 
     cell: str  # registry name, set by each subclass
+    op: staticmethod  # the cell's op in linrnn.ops, called as op(q, k, v, **gates(x, k, extra), **options)
     extra_key_streams: tuple[str, ...] = ()  # e.g. ("a",): projected, convolved and L2-normed like k
 
     def __init__(self, config: MixerConfig):
@@ -192,10 +193,6 @@ class LinearRNNMixer(nn.Module):
         """The unit erase direction ``[B, T, H, K]`` of the recurrence: k for tied erase, None without erase."""
         return k
 
-    def mix(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, extra: dict[str, Tensor], **op_args):
-        """The cell's op on per-head q, k ``[B, T, H, K]``, v ``[B, T, H, V]`` with ``gates(x, k, extra)``."""
-        raise NotImplementedError
-
     def recurrence_inputs(self, x: Tensor, state: MixerState | None = None) -> dict[str, Tensor]:
         """What the recurrence sees for input ``x`` ``[B, T, hidden]``: the gates (``gates``) and ``erase``
         (the unit erase direction, or absent without erase). Used by ``linrnn.stability`` on real inputs."""
@@ -229,12 +226,12 @@ class LinearRNNMixer(nn.Module):
         """x ``[B, T, hidden]`` → (y ``[B, T, hidden]``, new MixerState or None)."""
         q, k, v, extra, new_history = self.streams(x, state)
         position = state.position if state is not None else 0
-        o, recurrent = self.mix(
-            x,
+        gates = self.gates(x, k, extra)
+        o, recurrent = self.op(
             q,
             k,
             v,
-            extra,
+            **gates,
             initial_state=state.recurrent if state is not None else None,
             output_final_state=output_state or self.probes is not None,
             backend=self.config.backend,
@@ -244,7 +241,7 @@ class LinearRNNMixer(nn.Module):
         if self.config.output_multiplier != 1:
             o = o * self.config.output_multiplier
         if self.probes is not None:  # coordinate check: what the recurrence saw and returned
-            self.probes.update(self.gates(x, k, extra), q=q, o=o, state=recurrent)
+            self.probes.update(gates, q=q, o=o, state=recurrent)
         y = self.o_proj(rearrange(self.o_norm(o, gate), "b t h d -> b t (h d)"))
         if not output_state:
             return y, None

@@ -10,15 +10,14 @@ from linrnn.recurrences.registry import CellSpec, register
 
 
 class DeltaNet(LinearRNNMixer):
+    op = staticmethod(ops.delta_rule)
+
     def __init__(self, config: MixerConfig):
         super().__init__(config)
         self.b_proj = nn.Linear(config.hidden_size, config.num_heads, bias=False)  # W_β
 
     def gates(self, x, k, extra):
         return {"beta": self.write_strength(x)}
-
-    def mix(self, x, q, k, v, extra, **op_args):
-        return ops.delta_rule(q, k, v, **self.gates(x, k, extra), **op_args)
 
 
 SPEC = register(

@@ -20,6 +20,7 @@ from linrnn.recurrences.registry import CellSpec, register
 
 
 class GammaNet(KimiDeltaAttention):
+    op = staticmethod(ops.gammanet)
     extra_key_streams = ("a",)
 
     def __init__(self, config):
@@ -31,9 +32,6 @@ class GammaNet(KimiDeltaAttention):
 
     def erase_direction(self, k, extra):
         return extra["a"]
-
-    def mix(self, x, q, k, v, extra, **op_args):
-        return ops.gammanet(q, k, v, **self.gates(x, k, extra), **op_args)
 
 
 SPEC = register(

@@ -13,6 +13,8 @@ from linrnn.recurrences.registry import CellSpec, register
 
 
 class GatedDeltaNet(LinearRNNMixer):
+    op = staticmethod(ops.gated_delta_rule)
+
     def __init__(self, config: MixerConfig):
         super().__init__(config)
         heads = config.num_heads
@@ -23,9 +25,6 @@ class GatedDeltaNet(LinearRNNMixer):
     def gates(self, x, k, extra):
         g = mamba_log_decay(self.f_proj(x), self.A_log, self.dt_bias)  # [B, T, H]
         return {"g": g, "beta": self.write_strength(x)}
-
-    def mix(self, x, q, k, v, extra, **op_args):
-        return ops.gated_delta_rule(q, k, v, **self.gates(x, k, extra), **op_args)
 
 
 SPEC = register(

@@ -14,6 +14,8 @@ GATE_NORMALIZER = 16  # GLA's logsigmoid(·)/16 keeps the decay close to 1 at in
 
 
 class GatedLinearAttention(LinearRNNMixer):
+    op = staticmethod(ops.gla)
+
     def __init__(self, config: MixerConfig):
         super().__init__(config)
         key_width = config.num_heads * config.head_k_dim
@@ -28,9 +30,6 @@ class GatedLinearAttention(LinearRNNMixer):
 
     def erase_direction(self, k, extra):
         return None
-
-    def mix(self, x, q, k, v, extra, **op_args):
-        return ops.gla(q, k, v, **self.gates(x, k, extra), **op_args)
 
 
 SPEC = register(

@@ -15,6 +15,8 @@ from linrnn.recurrences.registry import CellSpec, register
 
 
 class KimiDeltaAttention(LinearRNNMixer):
+    op = staticmethod(ops.kda)
+
     def __init__(self, config: MixerConfig):
         super().__init__(config)
         heads, key_width = config.num_heads, config.num_heads * config.head_k_dim
@@ -33,9 +35,6 @@ class KimiDeltaAttention(LinearRNNMixer):
 
     def gates(self, x, k, extra):
         return {"g": self.channel_log_decay(x), "beta": self.write_strength(x)}
-
-    def mix(self, x, q, k, v, extra, **op_args):
-        return ops.kda(q, k, v, **self.gates(x, k, extra), **op_args)
 
 
 CHANNEL_GATE_ROLES = {

@@ -51,7 +51,11 @@ from linrnn.stability.transition import (
 )
 
 TOLERANCE = 1e-9  # fp64 slack on every bound (‖A‖₂ = 1 exactly at α = 1, β = 0 comes out as 1 ± 1e-15)
-MEASURES = ("spectral_radius", "norm", "natural_norm", "growth_ratio")
+
+
+def within_certificate(spectral_radius: float, certificate_norm: float, growth_ratio: float) -> bool:
+    """The certificate's verdict: ρ ≤ 1, norm in its metric ≤ 1 and growth ≤ its bound, each up to TOLERANCE."""
+    return max(spectral_radius, certificate_norm, growth_ratio) <= 1 + TOLERANCE
 
 
 @dataclass
@@ -91,8 +95,7 @@ class StabilityReport:
 
     @property
     def passed(self) -> bool:
-        limit = 1 + TOLERANCE
-        return max(self.max_spectral_radius, self.max_certificate_norm, self.max_growth_ratio) <= limit
+        return within_certificate(self.max_spectral_radius, self.max_certificate_norm, self.max_growth_ratio)
 
     @property
     def verdict(self) -> str:
@@ -123,23 +126,19 @@ def measure(cell: str, inputs: dict[str, Tensor], generator: torch.Generator | N
     A = transition(name, **inputs)  # [N, T, K, K]
     shared = {arg: inputs[arg][:, 0] for arg in ("gamma", "F") if arg in inputs}  # fixed along a sequence
     natural = natural_metric(name, **shared) if shared else None
-    metric = certificate_metric(name, **shared) if shared else None
-    growth = log_growth(A)
+    euclidean = operator_norm(A)
+    in_natural = euclidean if natural is None else natural_norm(A, natural[:, None])  # [N, 1, K, K] per step
+    certified_natural = CERTIFICATES[name].metric == "natural"
     return Measured(
         inputs=inputs,
         spectral_radius=spectral_radius(A),
-        norm=operator_norm(A),
-        natural_norm=natural_norm(A, _per_step(natural)),
-        certificate_norm=natural_norm(A, _per_step(metric)),
-        log_growth=growth,
-        log_bound=condition_number(metric, A[:, 0]).log(),
+        norm=euclidean,
+        natural_norm=in_natural,
+        certificate_norm=in_natural if certified_natural else euclidean,
+        log_growth=log_growth(A),
+        log_bound=condition_number(natural if certified_natural else None, A[:, 0]).log(),
         lyapunov=lyapunov_exponents(A, generator)[..., 0],
     )
-
-
-def _per_step(metric: Tensor | None) -> Tensor | None:
-    """A per-sequence metric [N, K, K] as [N, 1, K, K], to broadcast against transitions [N, T, K, K]."""
-    return None if metric is None else metric[:, None]
 
 
 def random_inputs(cell: str, sequences: int, horizon: int, key_dim: int, *, beta_max: float = 2.0,

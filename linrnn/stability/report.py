@@ -15,6 +15,7 @@ from linrnn.stability.check import TOLERANCE, StabilityReport, check
 from linrnn.stability.measures import log_growth, spectral_radius
 from linrnn.stability.model import LayerReport, check_model
 from linrnn.stability.transition import stability_cell, stability_cells, transition
+from linrnn.text import text_bytes
 
 LN10 = math.log(10)
 TABLE_WIDTH = 170  # the tables wrap into unreadable columns at a pipe's default width of 80
@@ -157,13 +158,12 @@ def plot_growth(reports: list[StabilityReport], path: Path) -> None:
 
 
 def _run_checkpoint(args: argparse.Namespace, console: Console) -> int:
-    from linrnn.cli import TEXT
     from linrnn.models import load_checkpoint
 
     console.width = max(console.width, 170)
     model = load_checkpoint(args.checkpoint)
     model.eval()
-    data = torch.tensor(list(TEXT.encode("utf-8")))
+    data = text_bytes()
     if model.config.vocab_size < 256:
         raise ValueError(f"--checkpoint: the demo text is bytes and needs vocab_size ≥ 256, got "
                          f"{model.config.vocab_size}")  # fmt: skip

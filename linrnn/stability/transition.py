@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from linrnn.recurrences.registry import canonical_name, get_cell, list_cells
+from linrnn.recurrences.registry import canonical_name, list_cells
 
 UNIT_TOLERANCE = 1e-4  # |‖e‖ − 1| accepted for erase directions (bf16 models give ~1e-3 before the cast to fp64)
 
@@ -222,11 +222,3 @@ def _check_values(name: str, inputs: dict[str, Tensor], size: int) -> None:
         smallest = torch.linalg.svdvals(basis)[..., -1]
         if (smallest <= 1e-12 * torch.linalg.svdvals(basis)[..., 0]).any():
             fail("F", "invertible", "a singular matrix")
-
-
-def cell_recurrence(cell: str) -> str:
-    """The cell's full update, for tables: the registry's text, or kda_f's."""
-    name = stability_cell(cell)
-    if name == "kda_f":
-        return "S_t = (I − β_t κ_t κ_tᵀ) F⁻ᵀ Diag(exp g_t) Fᵀ S_{t−1} + β_t k_t v_tᵀ"
-    return get_cell(name).recurrence
