@@ -1,10 +1,11 @@
 """linrnn.parametrizations: the registry, the per-role rules (seed 000's SGD gate rules among them), the base-width
-equivalence with SP, param_groups, and the coordinate check's SP baseline."""
+equivalence with SP, param_groups, and the coordinate check: flat under muP and GDN-muP, growing under SP."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -55,7 +56,7 @@ def test_embedding_readout_and_multipliers():
     assert applied.lr_multipliers()["embed.weight"] == pytest.approx(4.0)  # input weights: η · fan_out
     assert model.config.logit_multiplier == pytest.approx(1 / 4)
     head_k = model.layers[0].mixer.head_k_dim
-    assert model.layers[0].mixer.config.output_multiplier == pytest.approx(math.sqrt(head_k / (0.75 * 64 / 2)))
+    assert model.layers[0].mixer.config.output_multiplier == pytest.approx(head_k / (0.75 * 64 / 2))
     off = linrnn.build_model("gdn", hidden_size=256)
     P.apply(off, "mup", base_width=64, optimizer="sgd", pre_norm_multiplier=False)
     assert off.layers[0].mixer.config.output_multiplier == 1.0
@@ -117,14 +118,55 @@ def test_param_groups_weight_decay():
     torch.optim.AdamW(groups)  # a torch optimizer takes them
 
 
-def test_sp_coordinates_grow_with_width():
-    """The coordinate check's baseline: under SP with one AdamW lr, hidden activations grow with width after a
-    step (slope ≥ 0.25), while at init they do not exceed SP's own fan-in growth."""
-    check = coord_check("gated_deltanet", "sp", widths=(64, 128, 256), optimizer="adamw", steps=1)
+# Issue 5's coordinate check: widths 64-512, 3 steps, sizes averaged over 6 inits (docs/parametrizations.md).
+FLAT_BOUND = 0.15
+COORD_SEEDS = tuple(range(6))
+MUP_SETTINGS = [("gdn-mup", "adamw", 1e-3), ("gdn-mup", "sgd", 0.1)]  # mup under AdamW: the same model, below
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_mup_and_gdn_mup_agree_under_adamw(cell):
+    """GDN-muP differs from muP only under SGD, so under AdamW the coordinate check of one is the other's."""
+    models = [linrnn.build_model(cell, hidden_size=256, tie_embeddings=False) for _ in range(2)]
+    mup, gdn_mup = (P.apply(model, name, base_width=64, optimizer="adamw", readout_zero_init=True)
+                    for model, name in zip(models, ("mup", "gdn-mup")))  # fmt: skip
+    assert mup.rules == gdn_mup.rules
+    assert models[0].config.logit_multiplier == models[1].config.logit_multiplier
+    assert [layer.mixer.config.output_multiplier for layer in models[0].layers] == \
+        [layer.mixer.config.output_multiplier for layer in models[1].layers]  # fmt: skip
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize(("parametrization", "optimizer", "lr"), MUP_SETTINGS)
+def test_coordinates_flat_in_width_under_mup(cell, parametrization, optimizer, lr):
+    """Every module output and every probe (q̂·√d_k, state·√d_k, o, β, decay, logits) keeps its size from width
+    64 to 512 at init and after each of 3 steps: |slope of log size against log width| ≤ 0.15."""
+    check = coord_check(cell, parametrization, optimizer=optimizer, lr=lr, seeds=COORD_SEEDS)
+    sizes = [name for name in check.sizes if not name.startswith("Δ ")]
+    assert {"logits", "layers.0.mixer:o", "layers.1.mixer:q_hat_sqrt_d", "layers.1.mixer:state_sqrt_d"} <= set(sizes)
+    assert all(np.isfinite(check.sizes[name]).all() and (check.sizes[name][1:] > 0).all() for name in sizes)
+    name, step, slope = check.worst_slope()
+    assert abs(slope) <= FLAT_BOUND, f"{cell} {parametrization} {optimizer}: {name} at step {step} has slope {slope:+.3f}"
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize(("optimizer", "lr"), [("adamw", 1e-3), ("sgd", 0.1)])
+def test_sp_coordinates_grow_with_width(cell, optimizer, lr):
+    """The baseline the check must tell apart: under SP with the same base lr, a hidden activation grows with
+    width after a step (slope ≥ 0.25)."""
+    check = coord_check(cell, "sp", optimizer=optimizer, lr=lr, steps=1)
     slopes = check.slopes()
-    grown = max(slopes[name][1] for name in slopes if "v_proj" in name or "o_proj" in name)
+    grown = max(slopes[name][1] for name in slopes if not name.startswith("Δ "))
     assert grown >= 0.25
-    assert math.isfinite(check.worst_slope()[2])
+
+
+def test_random_readout_logits_vanish_at_init_under_mup():
+    """Why the check zero-initialises the readout: with a σ-initialised one, muP's 1/m logit multiplier makes
+    the logits at init shrink as m^(-1/2) (Tensor Programs V), which a flatness check would flag."""
+    check = coord_check("gated_deltanet", "mup", steps=0, readout_zero_init=False)
+    assert check.slopes()["logits"][0] == pytest.approx(-0.5, abs=0.1)
+    with pytest.raises(ValueError, match="readout_zero_init=True needs an untied readout"):
+        P.apply(linrnn.build_model("gdn", hidden_size=128), "mup", base_width=64, readout_zero_init=True)
 
 
 def test_coord_check_cli(tmp_path):

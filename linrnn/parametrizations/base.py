@@ -138,9 +138,13 @@ def apply(
     base_width: int,
     optimizer: Optimizer = "adamw",
     pre_norm_multiplier: bool | None = None,
+    readout_zero_init: bool = False,
 ) -> Applied:
     """Re-initialises ``model`` (a ``LanguageModel``) per role, installs the multipliers and returns the rules.
-    ``pre_norm_multiplier`` (default: the parametrization's) switches seed 000 §4.3's multiplier on or off."""
+    ``pre_norm_multiplier`` (default: the parametrization's) switches seed 000 §4.3's multiplier on or off.
+    ``readout_zero_init`` starts an untied readout at zero (Tensor Programs V's recommendation under muP, where a
+    random readout's logits vanish at init as m^(-1/2)); it does the same under every parametrization, so the base
+    width still gives one model."""
     from linrnn.models import LanguageModel, ModelConfig
 
     if not isinstance(model, LanguageModel):
@@ -151,6 +155,9 @@ def apply(
         raise ValueError(f"apply: argument 'base_width' must be a positive integer, got {base_width!r}")
     roles = param_roles(model)  # raises for a parameter without a role
     config = model.config
+    if readout_zero_init and config.tie_embeddings:
+        raise ValueError("apply: readout_zero_init=True needs an untied readout, got tie_embeddings=True "
+                         "(it would zero the embedding)")  # fmt: skip
     base_values = config.model_dump()
     base_values["hidden_size"] = base_width
     base_values["intermediate_size"] = round(config.intermediate_size * base_width / config.hidden_size)
@@ -164,13 +171,16 @@ def apply(
     m = config.hidden_size / base_width
     rules = {name: parametrization.rule(roles[name], shapes[name], m, optimizer) for name in roles}
     _reinitialise(model, rules, config.init_std)
+    if readout_zero_init:
+        with torch.no_grad():
+            model.lm_head.weight.zero_()
     model.config.logit_multiplier = parametrization.logit_multiplier(m)
     if pre_norm_multiplier is None:
         pre_norm_multiplier = parametrization.pre_norm_multiplier
     for layer, base_layer in zip(model.layers, base_model.layers, strict=True):
-        # seed 000 §4.3, relative to the base width (docs/parametrizations.md): once q̂ and k̂ align, q̂·k̂ = Θ(1) and
-        # o = Sᵀ(q̂/√d_k) has coordinates of size 1/√d_k from the query scale; √(d_k / d_k0) keeps them fixed
-        multiplier = math.sqrt(layer.mixer.head_k_dim / base_layer.mixer.head_k_dim) if pre_norm_multiplier else 1.0
+        # seed 000 §4.3 relative to the base width: with q̂ independent of S (seed App. C.4; measured in
+        # docs/parametrizations.md) the read Sᵀq̂ is Θ(1/√d_k), and the kernels' query scale 1/√d_k makes o Θ(1/d_k)
+        multiplier = layer.mixer.head_k_dim / base_layer.mixer.head_k_dim if pre_norm_multiplier else 1.0
         layer.mixer.config.output_multiplier = multiplier
     return Applied(parametrization.name, optimizer, base_width, config.hidden_size, roles, shapes, rules, model)
 
