@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linrnn.models.config import ModelConfig, model_config
-from linrnn.recurrences.base import MixerState
+from linrnn.recurrences.base import Documents, MixerState
 from linrnn.recurrences.registry import build_mixer
 
 
@@ -38,8 +38,8 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: Tensor, state: MixerState | None, output_state: bool):
-        mixed, state = self.mixer(self.mixer_norm(x), state, output_state)
+    def forward(self, x: Tensor, state: MixerState | None, output_state: bool, documents: Documents | None = None):
+        mixed, state = self.mixer(self.mixer_norm(x), state, output_state, documents)
         x = x + mixed
         return x + self.mlp(self.mlp_norm(x)), state
 
@@ -52,6 +52,10 @@ class LanguageModel(nn.Module):
 
     ``state`` is a list with one ``MixerState`` per layer, as returned with ``return_state=True``;
     feeding tokens one at a time with the carried state gives the logits of the full forward.
+
+    ``model(input_ids, positions=positions)`` (``[B, T]``, as torchtitan's packed loader gives them) treats each
+    row as packed documents: wherever a position is 0 (and at each row start) the recurrent state and the
+    short-conv history restart from zero, through the ops' varlen path on the rows folded into one sequence.
     """
 
     def __init__(self, config: ModelConfig):
@@ -76,7 +80,8 @@ class LanguageModel(nn.Module):
     def local_param_roles(self) -> dict[str, str]:
         return {"embed.weight": "embedding", "norm.weight": "norm", "lm_head.weight": "readout"}
 
-    def forward(self, input_ids: Tensor, state: list[MixerState] | None = None, return_state: bool = False):
+    def forward(self, input_ids: Tensor, state: list[MixerState] | None = None, return_state: bool = False,
+                positions: Tensor | None = None):  # fmt: skip
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
             got = (
                 f"{input_ids.dtype} tensor of shape {list(input_ids.shape)}"
@@ -88,15 +93,32 @@ class LanguageModel(nn.Module):
             raise ValueError(
                 f"LanguageModel: argument 'state' must hold {len(self.layers)} layer states, got {len(state)}"
             )
+        documents = None
+        if positions is not None:
+            documents = self._documents(input_ids, positions, state, return_state)
         x = self.embed(input_ids)
+        if documents is not None:
+            x = x.reshape(1, -1, x.shape[-1])  # [1, B·T, D]: rows fold into one packed sequence
         new_state = []
         for i, layer in enumerate(self.layers):
-            x, layer_state = layer(x, None if state is None else state[i], return_state)
+            x, layer_state = layer(x, None if state is None else state[i], return_state, documents)
             new_state.append(layer_state)
-        logits = self.lm_head(self.norm(x))
+        logits = self.lm_head(self.norm(x)).reshape(*input_ids.shape, -1)
         if self.config.logit_multiplier != 1:
             logits = logits * self.config.logit_multiplier
         return (logits, new_state) if return_state else logits
+
+    @staticmethod
+    def _documents(input_ids: Tensor, positions: Tensor, state, return_state: bool) -> Documents:
+        if not isinstance(positions, Tensor) or positions.shape != input_ids.shape or positions.is_floating_point():
+            got = f"{positions.dtype} tensor of shape {list(positions.shape)}" if isinstance(positions, Tensor) \
+                else type(positions).__name__  # fmt: skip
+            raise ValueError(f"LanguageModel: argument 'positions' must be an integer tensor of input_ids' shape "
+                             f"{list(input_ids.shape)}, got {got}")  # fmt: skip
+        if state is not None or return_state:
+            raise ValueError("LanguageModel: packed documents ('positions') start from a zero state; "
+                             "'state' and 'return_state' are for decoding one stream and cannot be combined with them")  # fmt: skip
+        return Documents.from_positions(positions)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())

@@ -77,6 +77,28 @@ class MixerState:
     position: int = 0
 
 
+@dataclass
+class Documents:
+    """Packed documents on one folded sequence ``[1, N]`` (N = B · T): recurrent state and short-conv history
+    start from zero at each document start. Built by ``from_positions``."""
+
+    cu_seqlens: Tensor  # [D + 1] int64 document boundaries, for the ops' varlen path
+    offset: Tensor  # [N] index of each token within its document (the short conv's mask)
+    positions: Tensor  # [N] the caller's positions (RoPE)
+
+    @classmethod
+    def from_positions(cls, positions: Tensor) -> Documents:
+        """``positions`` ``[B, T]``: a document starts wherever the position is 0, and at every row start."""
+        starts = positions == 0
+        starts[:, 0] = True
+        starts = starts.flatten()
+        index = torch.arange(starts.numel(), device=positions.device)
+        start_index = index[starts]
+        document = torch.cumsum(starts.long(), 0) - 1
+        cu_seqlens = torch.cat([start_index, index.new_tensor([starts.numel()])])
+        return cls(cu_seqlens=cu_seqlens, offset=index - start_index[document], positions=positions.flatten())
+
+
 class ShortConv(nn.Module):
     """Causal depthwise conv over time followed by SiLU; carries its last ``W − 1`` inputs for decoding."""
 
@@ -86,12 +108,18 @@ class ShortConv(nn.Module):
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
-    def forward(self, x: Tensor, history: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, history: Tensor | None = None, offset: Tensor | None = None):
+        """x ``[B, T, C]`` → (SiLU(conv) ``[B, T, C]``, last ``W − 1`` inputs ``[B, C, W − 1]``). With ``offset``
+        (``[T]``, each token's index within its packed document), taps reaching before a document start are 0."""
         x = rearrange(x, "b t c -> b c t")
         if history is None:
             history = x.new_zeros(x.shape[0], x.shape[1], self.kernel_size - 1)
         padded = torch.cat([history.to(x.dtype), x], dim=-1)  # [B, C, W − 1 + T]
-        y = F.conv1d(padded, self.weight, groups=x.shape[1])
+        if offset is None:
+            y = F.conv1d(padded, self.weight, groups=x.shape[1])
+        else:  # tap i looks back lag = W − 1 − i tokens
+            steps, width = x.shape[-1], self.kernel_size
+            y = sum(padded[..., i : i + steps] * self.weight[:, :, i] * (offset >= width - 1 - i) for i in range(width))
         return rearrange(F.silu(y), "b c t -> b t c"), padded[..., padded.shape[-1] - (self.kernel_size - 1) :]
 
 
@@ -114,12 +142,16 @@ def at_least_fp32(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def apply_rope(x: Tensor, start: int, theta: float) -> Tensor:
-    """Rotary embedding on ``[B, T, H, K]`` at positions ``start .. start + T − 1`` (half-split pairs)."""
+def apply_rope(x: Tensor, start: int | Tensor, theta: float) -> Tensor:
+    """Rotary embedding on ``[B, T, H, K]`` at positions ``start .. start + T − 1``, or at the positions ``[T]``
+    given as a tensor (half-split pairs)."""
     half = x.shape[-1] // 2
     wide = at_least_fp32(x)
     inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=wide.dtype) / half)
-    positions = torch.arange(start, start + x.shape[1], device=x.device, dtype=wide.dtype)
+    if isinstance(start, Tensor):
+        positions = start.to(wide.dtype)
+    else:
+        positions = torch.arange(start, start + x.shape[1], device=x.device, dtype=wide.dtype)
     angles = positions[:, None] * inv_freq[None, :]  # [T, K/2]
     cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
     first, second = wide[..., :half], wide[..., half:]
@@ -201,30 +233,34 @@ class LinearRNNMixer(nn.Module):
         erase = self.erase_direction(k, extra)
         return inputs if erase is None else {**inputs, "erase": erase}
 
-    def streams(self, x: Tensor, state: MixerState | None = None):
+    def streams(self, x: Tensor, state: MixerState | None = None, documents: Documents | None = None):
         """Projections, short conv, heads, RoPE and L2 norm: (q, k, v, extra, new conv history)."""
         config = self.config
         history = state.conv if state is not None else {}
         position = state.position if state is not None else 0
+        offset = None if documents is None else documents.offset
         new_history, streams = {}, {}
         for name in self.stream_names:
             h = getattr(self, f"{name}_proj")(x)
             if config.use_short_conv:
-                h, new_history[name] = getattr(self, f"{name}_conv")(h, history.get(name))
+                h, new_history[name] = getattr(self, f"{name}_conv")(h, history.get(name), offset)
             else:
                 h = F.silu(h)
             streams[name] = rearrange(h, "b t (h d) -> b t h d", h=self.num_heads)
         if config.use_rope:
             for name in ("q", "k"):
-                streams[name] = apply_rope(streams[name], position, config.rope_theta)
+                at = position if documents is None else documents.positions
+                streams[name] = apply_rope(streams[name], at, config.rope_theta)
         q, k, v = streams.pop("q"), streams.pop("k"), streams.pop("v")
         q, k = F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)
         extra = {name: F.normalize(h, dim=-1, eps=1e-6) for name, h in streams.items()}
         return q, k, v, extra, new_history
 
-    def forward(self, x: Tensor, state: MixerState | None = None, output_state: bool = False):
-        """x ``[B, T, hidden]`` → (y ``[B, T, hidden]``, new MixerState or None)."""
-        q, k, v, extra, new_history = self.streams(x, state)
+    def forward(self, x: Tensor, state: MixerState | None = None, output_state: bool = False,
+                documents: Documents | None = None):  # fmt: skip
+        """x ``[B, T, hidden]`` → (y ``[B, T, hidden]``, new MixerState or None). With ``documents`` (B = 1),
+        the recurrence and the short convs restart at each document start."""
+        q, k, v, extra, new_history = self.streams(x, state, documents)
         position = state.position if state is not None else 0
         gates = self.gates(x, k, extra)
         o, recurrent = self.op(
@@ -234,6 +270,7 @@ class LinearRNNMixer(nn.Module):
             **gates,
             initial_state=state.recurrent if state is not None else None,
             output_final_state=output_state or self.probes is not None,
+            cu_seqlens=None if documents is None else documents.cu_seqlens,
             backend=self.config.backend,
             chunk_size=self.config.chunk_size,
         )

@@ -1,0 +1,90 @@
+"""Packed documents (``model(ids, positions=...)``): each document's logits and every parameter's gradient equal
+running that document alone, in fp64, for every cell and both CPU backends, with short convs and RoPE."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import linrnn
+from tests.helpers import CELLS
+
+LENGTHS = [[1, 6, 4, 2], [13], [2, 11]]  # three rows of 13: a one-token document, several per row, one per row
+
+
+def packed_batch(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    docs = [torch.randint(0, 256, (n,), generator=gen) for row in LENGTHS for n in row]
+    ids = torch.cat(docs).view(len(LENGTHS), -1)
+    positions = torch.cat([torch.arange(len(d)) for d in docs]).view_as(ids)
+    return docs, ids, positions
+
+
+def gradients(model):
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("cell", CELLS)
+def test_packed_equals_separate_documents(cell, backend):
+    torch.manual_seed(0)
+    model = linrnn.build_model(cell, use_rope=True, backend=backend, chunk_size=4).double()
+    docs, ids, positions = packed_batch(seed=1)
+    targets = torch.randint(0, 256, ids.shape, generator=torch.Generator().manual_seed(2))
+
+    logits = model(ids, positions=positions)
+    F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").backward()
+    packed = gradients(model)
+    model.zero_grad()
+
+    separate, start = [], 0
+    flat_targets = targets.flatten()
+    for doc in docs:
+        doc_logits = model(doc[None])[0]
+        F.cross_entropy(doc_logits, flat_targets[start : start + len(doc)], reduction="sum").backward()
+        separate.append(doc_logits)
+        start += len(doc)
+    torch.testing.assert_close(logits.flatten(0, 1), torch.cat(separate), rtol=1e-10, atol=1e-10)
+    for name, grad in gradients(model).items():
+        torch.testing.assert_close(packed[name], grad, rtol=1e-9, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_positions_that_never_restart_equal_the_plain_forward():
+    torch.manual_seed(0)
+    model = linrnn.build_model("gdn").double()
+    ids = torch.randint(0, 256, (2, 9))
+    positions = torch.arange(9).expand(2, 9)
+    torch.testing.assert_close(model(ids, positions=positions), model(ids), rtol=1e-12, atol=1e-12)
+
+
+def test_bad_positions():
+    model = linrnn.build_model("gdn")
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"'positions' must be an integer tensor of input_ids' shape \[2, 5\]"):
+        model(ids, positions=torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="'positions' must be an integer tensor"):
+        model(ids, positions=torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="cannot be combined"):
+        model(ids, positions=torch.zeros(2, 5, dtype=torch.long), return_state=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", CELLS)
+def test_packed_documents_on_the_triton_kernels(cell):
+    """The model's varlen path on the GPU kernels (fp32) against the fp64 reference: logits and gradients."""
+    torch.manual_seed(0)
+    reference = linrnn.build_model(cell, backend="reference").double().cuda()
+    fast = linrnn.build_model(cell, backend="triton").cuda()
+    fast.load_state_dict(reference.state_dict())
+    _, ids, positions = packed_batch(seed=3)
+    ids, positions = ids.cuda(), positions.cuda()
+    outputs = []
+    for model in (reference, fast):
+        logits = model(ids, positions=positions).double()
+        logits.square().mean().backward()
+        outputs.append((logits, {n: p.grad.double() for n, p in model.named_parameters()}))
+    (ref_logits, ref_grads), (logits, grads) = outputs
+    assert torch.linalg.norm(logits - ref_logits) <= 1e-4 * torch.linalg.norm(ref_logits)
+    for name, grad in ref_grads.items():
+        assert torch.linalg.norm(grads[name] - grad) <= 1e-4 * torch.linalg.norm(grad) + 1e-9, name
