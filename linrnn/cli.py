@@ -80,6 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
     coord_check.add_arguments(coord_parser)
     coord_parser.set_defaults(command=coord_check.run)
 
+    from linrnn.training import evaluate as training
+
+    train_parser = commands.add_parser(
+        "train", help="prepare the embedded corpus, train through torchtitan, report validation bpb and a sample"
+    )
+    training.add_train_arguments(train_parser)
+    train_parser.set_defaults(command=training.train_main)
+    data_parser = commands.add_parser("data", help="training data")
+    data_commands = data_parser.add_subparsers(title="data commands", required=True)
+    prepare_parser = data_commands.add_parser("prepare", help="download, split and tokenize the embedded corpus")
+    prepare_parser.add_argument("--force", action="store_true", help="prepare again even if it is there")
+    prepare_parser.set_defaults(command=training.data_main)
+
     commands.add_parser("cells", help="list the recurrence cells").set_defaults(command=cells)
     presets_parser = commands.add_parser("presets", help="list the model presets with parameter counts")
     presets_parser.add_argument(

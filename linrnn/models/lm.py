@@ -103,7 +103,7 @@ class LanguageModel(nn.Module):
         for i, layer in enumerate(self.layers):
             x, layer_state = layer(x, None if state is None else state[i], return_state, documents)
             new_state.append(layer_state)
-        logits = self.lm_head(self.norm(x)).reshape(*input_ids.shape, -1)
+        logits = self.lm_head(self.norm(x).reshape(*input_ids.shape, -1))
         if self.config.logit_multiplier != 1:
             logits = logits * self.config.logit_multiplier
         return (logits, new_state) if return_state else logits

@@ -183,6 +183,7 @@ class LinearRNNMixer(nn.Module):
         super().__init__()
         self.config = config
         self.probes: dict[str, Tensor] | None = None  # a dict to fill on each forward (linrnn.parametrizations)
+        self.gate_stats: dict[str, Tensor] | None = None  # a dict: each forward leaves mean β and mean decay there
         hidden, heads = config.hidden_size, config.num_heads
         self.num_heads, self.head_k_dim, self.head_v_dim = heads, config.head_k_dim, config.head_v_dim
         key_width, value_width = heads * self.head_k_dim, heads * self.head_v_dim
@@ -263,6 +264,9 @@ class LinearRNNMixer(nn.Module):
         q, k, v, extra, new_history = self.streams(x, state, documents)
         position = state.position if state is not None else 0
         gates = self.gates(x, k, extra)
+        if self.gate_stats is not None:  # training metrics; tensors, so reading them is the only sync
+            self.gate_stats.update({"beta": gates["beta"].detach().mean()} if "beta" in gates else {})
+            self.gate_stats.update({"decay": gates["g"].detach().exp().mean()} if "g" in gates else {})
         o, recurrent = self.op(
             q,
             k,

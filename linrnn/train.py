@@ -1,0 +1,66 @@
+"""Train through torchtitan: ``[torchrun --nproc_per_node=N] python -m linrnn.train --config NAME [overrides]``.
+
+Applies linrnn's back-fills (``linrnn.training.compat``) before torchtitan is imported, points torchtitan's
+``--module`` at ``linrnn.training.configs`` and runs its trainer. Without torchrun it runs as a single process.
+``--list-configs`` prints the config names (``{cell}_{size}_{parametrization}``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+
+MODULE = "linrnn.training.configs"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from linrnn.training import compat
+
+    compat.install()
+    from linrnn.training import configs
+
+    if "--list-configs" in argv:
+        print("\n".join(configs.config_names()))
+        return 0
+    name = _option(argv, "--config")
+    if name is None:
+        raise SystemExit("linrnn.train: --config NAME is required (python -m linrnn.train --list-configs lists them)")
+    if name not in configs.config_names():
+        close = difflib.get_close_matches(name, configs.config_names(), n=5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise SystemExit(f"linrnn.train: unknown config {name!r}{hint} Known configs are {{cell}}_{{size}}_{{param}} with "
+                         f"cell in {list(configs.CELLS)}, size in {list(configs.SIZES)}, param in "
+                         f"{list(configs.PARAMETRIZATIONS)} (--list-configs prints all {len(configs.config_names())})")  # fmt: skip
+    if _option(argv, "--module") is None:
+        argv = ["--module", MODULE, *argv]
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)  # a single process without torchrun
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    import torchtitan.train
+
+    sys.argv = [sys.argv[0], *argv]
+    torchtitan.train.main()
+    return 0
+
+
+def _option(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Named torchtitan configs: ``{cell}_{size}_{parametrization}``, e.g. ``gdn_tiny_sp``, ``gammanet_340m_gdnmup``.
+
+``python -m linrnn.train --config NAME [--training.steps N ...]`` (torchtitan's ``--module`` points here);
+``python -m linrnn.train --list-configs`` lists the names. Each config trains on the embedded corpus
+(``linrnn.training.data``, prepared on first use) with AdamW, a warmup and cosine decay, FSDP over the ranks,
+checkpoints that resume, and validation in bits per byte. CLI flags override any field torchtitan exposes
+(``--training.*``, ``--optimizer.lr``, ``--dataloader.dataset files --dataloader.dataset_path DIR``, ...).
+
+| size | model | tokenizer | seq_len × batch / rank | base width (muP) | AdamW lr |
+|---|---|---|---|---|---|
+| ``tiny`` | 4 layers, width 128, 2 heads (CPU) | 4096 | 256 × 16 | 64 | 3e-3 |
+| ``paper256`` … ``paper1536`` | seed 000's family: 8 layers, 6 heads | 4096 | 512 × 16 | 256 | 3e-3 |
+| ``340m`` | 21 layers, width 1024, 4 heads | 32000 | 4096 × 8 | 256 | 1e-3 |
+| ``1.3b`` | 20 layers, width 2048, 8 heads | 32000 | 4096 × 4 | 256 | 6e-4 |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.loss import CrossEntropyLoss
+from torchtitan.components.optimizer import LRSchedulersContainer
+from torchtitan.components.validate import Validator
+from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+from torchtitan.protocols.model_spec import ModelSpec
+from torchtitan.trainer import Trainer
+
+from linrnn.recurrences.registry import canonical_name
+from linrnn.training import data
+from linrnn.training.metrics import LinrnnMetrics
+from linrnn.training.model import TitanLanguageModel, parallelize
+from linrnn.training.optim import ParametrizedOptimizers
+
+CELLS = {"gla": "gla", "deltanet": "deltanet", "gdn": "gated_deltanet", "kda": "kda", "gammanet": "gammanet"}
+PARAMETRIZATIONS = {"sp": "sp", "mup": "mup", "gdnmup": "gdn-mup"}
+
+
+@dataclass(frozen=True)
+class Size:
+    preset: str
+    overrides: dict[str, Any]
+    vocab: int  # the embedded corpus's tokenizer
+    seq_len: int
+    batch: int
+    base_width: int
+    lr: float
+    steps: int
+    checkpoint_interval: int
+    validation_steps: int
+
+
+SIZES = {
+    "tiny": Size("tiny", dict(vocab_size=4096, hidden_size=128, num_layers=4, intermediate_size=512), 4096,
+                 seq_len=256, batch=16, base_width=64, lr=3e-3, steps=300, checkpoint_interval=100,
+                 validation_steps=8),
+    **{f"paper{w}": Size(f"paper-{w}", dict(vocab_size=4096), 4096, seq_len=512, batch=16, base_width=256, lr=3e-3,
+                         steps=2000, checkpoint_interval=500, validation_steps=16) for w in (256, 384, 512, 768, 1024, 1536)},
+    "340m": Size("340m", {}, 32000, seq_len=4096, batch=8, base_width=256, lr=1e-3, steps=2000, checkpoint_interval=500,
+                 validation_steps=8),
+    "1.3b": Size("1.3b", {}, 32000, seq_len=4096, batch=4, base_width=256, lr=6e-4, steps=2000, checkpoint_interval=500,
+                 validation_steps=8),
+}  # fmt: skip
+
+
+def config_names() -> list[str]:
+    return [f"{cell}_{size}_{param}" for cell in CELLS for size in SIZES for param in PARAMETRIZATIONS]
+
+
+def build(cell: str, size: str, parametrization: str, *, optimizer: str = "AdamW", readout_zero_init: bool = False,
+          overrides: dict[str, Any] | None = None, base_width: int | None = None) -> Trainer.Config:  # fmt: skip
+    """The Trainer config of one named run (cell and parametrization as registry names; sizes above)."""
+    spec = SIZES[size]
+    on_gpu = torch.cuda.is_available()
+    data.register_datasets()
+    data.prepare(vocab_sizes=(spec.vocab,))
+    stats = data.corpus_stats()["tokenizers"][str(spec.vocab)]
+    name = f"{cell}_{size}_{parametrization}"
+    model = TitanLanguageModel.Config(
+        cell=canonical_name(cell), preset=spec.preset, overrides={**spec.overrides, **(overrides or {})},
+        parametrization=parametrization, base_width=base_width or spec.base_width,
+        optimizer="adamw" if optimizer == "AdamW" else "sgd", readout_zero_init=readout_zero_init,
+    )  # fmt: skip
+    return Trainer.Config(
+        model_spec=ModelSpec(name="linrnn", flavor=name, model=model, parallelize_fn=parallelize, pipelining_fn=None,
+                             post_optimizer_build_fn=None, state_dict_adapter=None),  # fmt: skip
+        hf_assets_path=str(data.tokenizer_dir(spec.vocab)),
+        dump_folder=f"outputs/{name}",
+        loss=CrossEntropyLoss.Config(),
+        optimizer=ParametrizedOptimizers.Config(name=optimizer, lr=spec.lr, implementation="fused" if on_gpu else "foreach"),
+        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=max(1, spec.steps // 20), decay_type="cosine",
+                                                  min_lr_factor=0.1),  # fmt: skip
+        training=TrainingConfig(local_batch_size=spec.batch, seq_len=spec.seq_len, steps=spec.steps, max_norm=1.0,
+                                mixed_precision_param="bfloat16" if on_gpu else "float32",
+                                disable_cuda_graphs=True),  # fmt: skip
+        parallelism=ParallelismConfig(spmd_backend="partial_dtensor"),
+        dataloader=HuggingFaceTextDataLoader.Config(dataset="shakespeare"),
+        validator=Validator.Config(enable=True, freq=spec.checkpoint_interval, steps=spec.validation_steps,
+                                   dataloader=HuggingFaceTextDataLoader.Config(dataset="shakespeare_validation",
+                                                                               infinite=True)),  # fmt: skip
+        metrics=LinrnnMetrics.Config(log_freq=10, bytes_per_token=stats["bytes_per_token"]),
+        checkpoint=CheckpointManager.Config(enable=True, interval=spec.checkpoint_interval, last_save_model_only=False,
+                                            keep_latest_k=2),  # fmt: skip
+        activation_checkpoint=None,
+        debug=DebugConfig(seed=0),
+    )
+
+
+def _named(cell: str, size: str, param: str):
+    def config() -> Trainer.Config:
+        return build(CELLS[cell], size, PARAMETRIZATIONS[param])
+
+    config.__name__ = f"{cell}_{size}_{param}"
+    config.__doc__ = f"{cell}, size {size}, parametrization {PARAMETRIZATIONS[param]} (linrnn.training.configs)"
+    return config
+
+
+for _cell in CELLS:
+    for _size in SIZES:
+        for _param in PARAMETRIZATIONS:
+            globals()[f"{_cell}_{_size}_{_param}"] = _named(_cell, _size, _param)

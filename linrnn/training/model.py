@@ -1,0 +1,144 @@
+"""linrnn's ``LanguageModel`` as a torchtitan model: config, flop count, weight init, FSDP.
+
+torchtitan builds the model on the meta device, shards it (``parallelize``), allocates it with ``to_empty`` and
+then calls ``init_weights``. Here ``init_weights`` builds the same model on the CPU from the run's seed, applies
+the parametrization (per-role init and multipliers, ``linrnn.parametrizations``) and copies every tensor into
+its shard, so a run starts from the same weights on any number of GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torchtitan.protocols import BaseModel
+
+from linrnn import parametrizations
+from linrnn.models import LanguageModel
+from linrnn.models.config import ModelConfig, model_config
+
+
+class TitanLanguageModel(BaseModel):
+    """``model(tokens [B, L], positions=[B, L])`` → logits ``[B, L, vocab]``; packed documents restart the
+    recurrence where positions are 0 (``LanguageModel``'s varlen path)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseModel.Config):
+        cell: str = "gated_deltanet"
+        preset: str = "tiny"
+        overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields and mixer options
+        parametrization: str = "sp"
+        base_width: int = 64
+        optimizer: str = "adamw"  # which parametrization table applies: "adamw" or "sgd"
+        readout_zero_init: bool = False
+        seed: int = 0  # the run's seed (debug.seed), taken in update_from_config
+
+        def model_config(self) -> ModelConfig:
+            return model_config(self.cell, self.preset, **self.overrides)
+
+        def update_from_config(self, *, config, **kwargs) -> None:
+            """Checks that the tokenizer fits the model's vocabulary; takes the run's seed."""
+            from linrnn.training.data import tokenizer_vocab_size
+
+            vocab = self.model_config().vocab_size
+            tokens = tokenizer_vocab_size(config.hf_assets_path)
+            if tokens > vocab:
+                raise ValueError(f"the tokenizer in {config.hf_assets_path} has {tokens} tokens, more than the "
+                                 f"model's vocab_size {vocab}; use a tokenizer of at most {vocab} tokens")  # fmt: skip
+            if config.debug.seed is not None:
+                self.seed = config.debug.seed
+
+        def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
+            return sum(p.numel() for p in model.parameters()), flops_per_token(self.model_config())
+
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        self.model = LanguageModel(config.model_config())
+        self.applied: parametrizations.Applied | None = None
+
+    def verify_module_protocol(self) -> None:
+        """The wrapped model is plain ``nn.Module``s; ``init_weights`` below initialises all of it."""
+
+    def forward(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
+        return self.model(tokens, positions=positions)
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device=None, **kwargs) -> None:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        with torch.device("cpu"):
+            source = LanguageModel(cfg.model_config())
+        self.applied = parametrizations.apply(
+            source, cfg.parametrization, base_width=cfg.base_width, optimizer=cfg.optimizer,
+            readout_zero_init=cfg.readout_zero_init,
+        )  # fmt: skip
+        # the multipliers apply lives in the configs
+        self.model.config.logit_multiplier = source.config.logit_multiplier
+        for layer, source_layer in zip(self.model.layers, source.layers, strict=True):
+            layer.mixer.config.output_multiplier = source_layer.mixer.config.output_multiplier
+        targets = dict(self.model.named_parameters())
+        for name, value in source.named_parameters():
+            target = targets[name]
+            if isinstance(target, DTensor):
+                value = distribute_tensor(value.to(target.device, target.dtype), target.device_mesh, target.placements)
+            target.copy_(value)
+        self.applied.model = self.model  # param_groups resolves names against the trained model
+
+
+def flops_per_token(config: ModelConfig, chunk_size: int = 64) -> int:
+    """Training FLOPs per token (forward + backward = 3 × forward, 2 FLOPs per multiply-add).
+
+    Matrices: 6 × (parameters outside the embedding, plus the readout's hidden × vocab when it is tied). The
+    chunkwise recurrence per layer and head: the causal intra-chunk products ``Q Kᵀ`` and ``A V`` (C/2 keys on
+    average: C (K + V) multiply-adds per token) and the state read and write (2 K V), so 6 × (C (K + V) / 2 +
+    2 K V) per token; the WY / UT transforms of the delta rule are of the same order and are not counted.
+    """
+    with torch.device("meta"):
+        model = LanguageModel(config)
+    mixer = model.layers[0].mixer
+    matrices = model.num_parameters(exclude_embeddings=True) + (config.hidden_size * config.vocab_size
+                                                               if config.tie_embeddings else 0)  # fmt: skip
+    k, v, heads = mixer.head_k_dim, mixer.head_v_dim, mixer.num_heads
+    recurrence = config.num_layers * heads * (chunk_size * (k + v) / 2 + 2 * k * v)
+    return int(6 * matrices + 6 * recurrence)
+
+
+def parallelize(model: TitanLanguageModel, *, parallel_dims, training, parallelism, compile_config, ac_config,
+                dump_folder) -> TitanLanguageModel:  # fmt: skip
+    """FSDP over the data-parallel ranks: one unit per block plus the root (embedding, final norm, readout)."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
+
+    unsupported = [name for name, degree in (("tensor", parallelism.tensor_parallel_degree),
+                                             ("pipeline", parallelism.pipeline_parallel_degree),
+                                             ("context", parallelism.context_parallel_degree)) if degree > 1]  # fmt: skip
+    if unsupported:
+        raise ValueError(f"linrnn models support data parallelism (FSDP) only; got {', '.join(unsupported)} parallelism "
+                         "degree > 1")  # fmt: skip
+    if compile_config.enable and "model" in compile_config.components:
+        for block in model.model.layers:
+            block.compile(backend=compile_config.backend)  # in place: parameter names stay
+    mesh = parallel_dims.get_mesh("fsdp")
+    policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+                                  reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+                                  cast_forward_inputs=False)  # fmt: skip
+    for block in model.model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    disable_fsdp_gradient_division(model)  # torchtitan's loss is already divided by the global token count
+    if not torch.cuda.is_available():  # gloo has no PREMUL_SUM
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def bits_per_byte(loss_nats: float, bytes_per_token: float) -> float:
+    return loss_nats / math.log(2) / bytes_per_token
