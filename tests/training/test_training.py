@@ -1,0 +1,150 @@
+"""Training through torchtitan on CPU: 2-process gloo runs, exact resume, a repeated batch that is learned,
+configs, data and the errors users hit. The embedded corpus is prepared once per session (package index)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("torchtitan")
+
+SMALL = ["--training.local_batch_size", "2", "--training.seq_len", "64", "--metrics.log_freq", "1"]
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """LINRNN_DATA pointing at a prepared corpus (4096-token tokenizer only), for this process and subprocesses."""
+    from linrnn.training import data
+
+    root = os.environ.get("LINRNN_TEST_DATA") or str(tmp_path_factory.mktemp("linrnn-data"))
+    previous = os.environ.get("LINRNN_DATA")
+    os.environ["LINRNN_DATA"] = root
+    data.prepare(vocab_sizes=(4096,), log=lambda message: None)
+    yield Path(root)
+    if previous is None:
+        os.environ.pop("LINRNN_DATA")
+    else:
+        os.environ["LINRNN_DATA"] = previous
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(tmp_path: Path, name: str, *flags: str, processes: int = 1, run: str = "run") -> list[dict]:
+    """Runs ``linrnn.train`` (under torchrun for several processes); returns the metrics.jsonl records."""
+    out = tmp_path / run
+    launcher = [sys.executable, "-m", "linrnn.train"]
+    if processes > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
+                    f"--master_port={free_port()}", "-m", "linrnn.train"]  # fmt: skip
+    command = [*launcher, "--config", name, "--dump_folder", str(out), *SMALL, *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(records: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+@pytest.mark.parametrize("config", ["gdn_tiny_sp", "gammanet_tiny_gdnmup"])
+def test_two_process_gloo_run(corpus, tmp_path, config):
+    records = train(tmp_path, config, "--training.steps", "3", "--checkpoint.no-enable", processes=2)
+    train_losses = losses(records)
+    assert sorted(train_losses) == [1, 2, 3] and all(math.isfinite(v) for v in train_losses.values())
+    assert train_losses[3] < train_losses[1]
+    first = records[0]
+    assert first["bpb"] == pytest.approx(first["loss"] / math.log(2) / _bytes_per_token(corpus))
+    assert any("validation_bpb" in r for r in records)  # validation at step 1
+    assert any(key.startswith("gates/layer0/beta") for r in records for key in r)
+
+
+def _bytes_per_token(corpus: Path) -> float:
+    return json.loads((corpus / "shakespeare" / "stats.json").read_text())["tokenizers"]["4096"]["bytes_per_token"]
+
+
+def test_resume_reproduces_the_uninterrupted_run(corpus, tmp_path):
+    """Stop after step 3 (a checkpoint there), resume to step 6: the losses equal an uninterrupted 6-step run's."""
+    common = ["--lr_scheduler.total_steps", "6", "--checkpoint.interval", "3", "--validator.no-enable"]
+    whole = losses(train(tmp_path, "gdn_tiny_sp", "--training.steps", "6", *common, processes=2, run="whole"))
+    first = losses(train(tmp_path, "gdn_tiny_sp", "--training.steps", "3", *common, processes=2, run="split"))
+    resumed = losses(train(tmp_path, "gdn_tiny_sp", "--training.steps", "6", *common, processes=2, run="split"))
+    assert sorted(whole) == [1, 2, 3, 4, 5, 6]
+    assert {s: whole[s] for s in (1, 2, 3)} == first
+    assert {s: resumed[s] for s in (4, 5, 6)} == {s: whole[s] for s in (4, 5, 6)}
+
+
+def test_loss_falls_on_one_repeated_batch(corpus, tmp_path):
+    """One document of exactly batch × seq_len inputs: every step sees the same batch, and 50 steps learn it."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(corpus / "shakespeare" / "tokenizer-4096" / "tokenizer.json"))
+    text = json.loads((corpus / "shakespeare" / "validation.jsonl").read_text().splitlines()[0])["text"]
+    wanted = 2 * 64 - 1  # <s> + tokens + </s> gives len + 1 inputs
+    ids = tokenizer.encode(text).ids
+    document = next(d for n in range(wanted, wanted - 20, -1)
+                    if len(tokenizer.encode(d := tokenizer.decode(ids[:n])).ids) == wanted)  # fmt: skip
+    (tmp_path / "one.jsonl").write_text(json.dumps({"text": document}) + "\n")
+    records = train(tmp_path, "gdn_tiny_sp", "--training.steps", "50", "--dataloader.dataset", "files",
+                    "--dataloader.dataset_path", str(tmp_path / "one.jsonl"), "--checkpoint.no-enable",
+                    "--validator.no-enable")  # fmt: skip
+    curve = losses(records)
+    assert len(curve) == 50
+    assert curve[50] < 0.5 * curve[1], curve
+
+
+def test_configs_and_errors(corpus, tmp_path):
+    from linrnn import train as entry
+    from linrnn.training import compat
+
+    compat.install()
+    from linrnn.training import configs, data
+
+    names = configs.config_names()
+    assert {"gdn_tiny_sp", "gammanet_340m_gdnmup", "kda_1.3b_mup", "gla_paper512_sp"} <= set(names)
+    assert len(names) == 5 * len(configs.SIZES) * 3
+    with pytest.raises(SystemExit, match="unknown config 'gdn_huge_sp'.*size in"):
+        entry.main(["--config", "gdn_huge_sp"])
+    with pytest.raises(SystemExit, match="--config NAME is required"):
+        entry.main([])
+
+    config = configs.build("gated_deltanet", "tiny", "sp")
+    model = config.model_spec.model
+    model.update_from_config(config=config)  # the corpus tokenizer fits
+    small = type(model)(cell="gdn", preset="tiny")  # the byte preset: 256 tokens
+    with pytest.raises(ValueError, match="has 4096 tokens, more than the model's vocab_size 256"):
+        small.update_from_config(config=config)
+
+    with pytest.raises(FileNotFoundError, match="no files match"):
+        data.load_text_files(str(tmp_path / "missing" / "*.jsonl"))
+    (tmp_path / "empty.jsonl").write_text(json.dumps({"text": "  "}) + "\n")
+    with pytest.raises(ValueError, match="are empty"):
+        data.load_text_files(str(tmp_path / "empty.jsonl"))
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+        data.tokenizer_vocab_size(str(tmp_path))
+
+
+def test_flops_per_token_counts_the_matrices():
+    from linrnn.models.config import model_config
+    from linrnn.training.model import flops_per_token
+
+    config = model_config("gdn", "340m")
+    flops = flops_per_token(config)
+    with torch.device("meta"):
+        import linrnn
+
+        params = linrnn.build_model("gdn", "340m").num_parameters(exclude_embeddings=True)
+    readout = config.hidden_size * config.vocab_size
+    assert 6 * (params + readout) < flops < 1.2 * 6 * (params + readout)
