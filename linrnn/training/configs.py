@@ -2,8 +2,9 @@
 
 ``python -m linrnn.train --config NAME [--training.steps N ...]`` (torchtitan's ``--module`` points here);
 ``python -m linrnn.train --list-configs`` lists the names. Each config trains on the embedded corpus
-(``linrnn.training.data``, prepared on first use) with AdamW, a warmup and cosine decay, FSDP over the ranks,
-checkpoints that resume, and validation in bits per byte. CLI flags override any field torchtitan exposes
+(``linrnn.training.data``, prepared on first use) in packed windows that do not depend on the number of ranks
+(``linrnn.training.loader``), with AdamW, a warmup and cosine decay, FSDP over the ranks, checkpoints that
+resume, and validation in bits per byte on the whole held-out set. CLI flags override any field torchtitan exposes
 (``--training.*``, ``--optimizer.lr``, ``--dataloader.dataset files --dataloader.dataset_path DIR``, ...).
 
 | size | model | tokenizer | seq_len × batch / rank | base width (muP) | AdamW lr |
@@ -25,12 +26,12 @@ from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.components.validate import Validator
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
-from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
 from linrnn.recurrences.registry import canonical_name
 from linrnn.training import data
+from linrnn.training.loader import WindowDataLoader
 from linrnn.training.metrics import LinrnnMetrics
 from linrnn.training.model import TitanLanguageModel, parallelize
 from linrnn.training.optim import ParametrizedOptimizers
@@ -50,19 +51,15 @@ class Size:
     lr: float
     steps: int
     checkpoint_interval: int
-    validation_steps: int
 
 
 SIZES = {
     "tiny": Size("tiny", dict(vocab_size=4096, hidden_size=128, num_layers=4, intermediate_size=512), 4096,
-                 seq_len=256, batch=16, base_width=64, lr=3e-3, steps=300, checkpoint_interval=100,
-                 validation_steps=8),
+                 seq_len=256, batch=16, base_width=64, lr=3e-3, steps=300, checkpoint_interval=100),
     **{f"paper{w}": Size(f"paper-{w}", dict(vocab_size=4096), 4096, seq_len=512, batch=16, base_width=256, lr=3e-3,
-                         steps=2000, checkpoint_interval=500, validation_steps=16) for w in (256, 384, 512, 768, 1024, 1536)},
-    "340m": Size("340m", {}, 32000, seq_len=4096, batch=8, base_width=256, lr=1e-3, steps=2000, checkpoint_interval=500,
-                 validation_steps=8),
-    "1.3b": Size("1.3b", {}, 32000, seq_len=4096, batch=4, base_width=256, lr=6e-4, steps=2000, checkpoint_interval=500,
-                 validation_steps=8),
+                         steps=2000, checkpoint_interval=500) for w in (256, 384, 512, 768, 1024, 1536)},
+    "340m": Size("340m", {}, 32000, seq_len=4096, batch=8, base_width=256, lr=1e-3, steps=2000, checkpoint_interval=500),
+    "1.3b": Size("1.3b", {}, 32000, seq_len=4096, batch=4, base_width=256, lr=6e-4, steps=2000, checkpoint_interval=500),
 }  # fmt: skip
 
 
@@ -97,10 +94,10 @@ def build(cell: str, size: str, parametrization: str, *, optimizer: str = "AdamW
                                 mixed_precision_param="bfloat16" if on_gpu else "float32",
                                 disable_cuda_graphs=True),  # fmt: skip
         parallelism=ParallelismConfig(spmd_backend="partial_dtensor"),
-        dataloader=HuggingFaceTextDataLoader.Config(dataset="shakespeare"),
-        validator=Validator.Config(enable=True, freq=spec.checkpoint_interval, steps=spec.validation_steps,
-                                   dataloader=HuggingFaceTextDataLoader.Config(dataset="shakespeare_validation",
-                                                                               infinite=True)),  # fmt: skip
+        dataloader=WindowDataLoader.Config(dataset="shakespeare"),
+        validator=Validator.Config(enable=True, freq=spec.checkpoint_interval, steps=-1,  # the whole held-out set
+                                   dataloader=WindowDataLoader.Config(dataset="shakespeare_validation",
+                                                                      infinite=False)),  # fmt: skip
         metrics=LinrnnMetrics.Config(log_freq=10, bytes_per_token=stats["bytes_per_token"]),
         checkpoint=CheckpointManager.Config(enable=True, interval=spec.checkpoint_interval, last_save_model_only=False,
                                             keep_latest_k=2),  # fmt: skip

@@ -13,8 +13,8 @@ Datasets registered with torchtitan (``--dataloader.dataset NAME``):
 - ``shakespeare`` / ``shakespeare_validation``: the embedded corpus, prepared on first use;
 - ``files``: local ``.txt`` (one document per file), ``.jsonl`` / ``.json`` or ``.parquet`` (a ``text``
   column) files, given as a file, a directory or a glob in ``--dataloader.dataset_path``;
-- ``hub``: a Hugging Face hub dataset named in ``--dataloader.dataset_path`` (``text`` column, streamed),
-  where a hub is reachable.
+- ``hub``: a Hugging Face hub dataset named in ``--dataloader.dataset_path`` (``text`` column, its train
+  split downloaded), where a hub is reachable.
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def register_datasets() -> None:
     DATASETS["files"] = DatasetConfig(path="", loader=_require_path("files", load_text_files), sample_processor=text)
     DATASETS["hub"] = DatasetConfig(
         path="",
-        loader=_require_path("hub", lambda p: load_dataset(p, split="train", streaming=True)),
+        loader=_require_path("hub", lambda p: load_dataset(p, split="train")),
         sample_processor=text,
     )
 
@@ -256,3 +256,4 @@ def _require_path(name: str, loader):
         return loader(path)
 
     return load
+

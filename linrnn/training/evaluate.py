@@ -104,7 +104,7 @@ def train_main(args: argparse.Namespace) -> int:
     data.prepare()
     started = time.perf_counter()
     entry.main(["--config", name, "--training.steps", str(args.steps), "--dump_folder", args.out,
-                "--metrics.log_freq", "25", *args.overrides])  # fmt: skip
+                "--metrics.log_freq", "25", "--validator.freq", "125", *args.overrides])  # fmt: skip
     seconds = time.perf_counter() - started
     config = configs.build(configs.CELLS[args.cell], args.size, configs.PARAMETRIZATIONS[args.param])
     model = load_trained(config, latest_checkpoint(args.out))

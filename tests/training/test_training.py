@@ -61,7 +61,8 @@ def losses(records: list[dict]) -> dict[int, float]:
 
 @pytest.mark.parametrize("config", ["gdn_tiny_sp", "gammanet_tiny_gdnmup"])
 def test_two_process_gloo_run(corpus, tmp_path, config):
-    records = train(tmp_path, config, "--training.steps", "3", "--checkpoint.no-enable", processes=2)
+    records = train(tmp_path, config, "--training.steps", "3", "--checkpoint.no-enable", "--validator.steps", "2",
+                    processes=2)
     train_losses = losses(records)
     assert sorted(train_losses) == [1, 2, 3] and all(math.isfinite(v) for v in train_losses.values())
     assert train_losses[3] < train_losses[1]
@@ -134,6 +135,40 @@ def test_configs_and_errors(corpus, tmp_path):
         data.load_text_files(str(tmp_path / "empty.jsonl"))
     with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
         data.tokenizer_vocab_size(str(tmp_path))
+
+
+class CharTokenizer:
+    """A stand-in for torchtitan's tokenizer: one token per character, <s> = 1, </s> = 2."""
+
+    bos_id, eos_id = 1, 2
+
+    def encode(self, text, add_bos=True, add_eos=True):
+        return [1] * add_bos + [3 + ord(c) % 50 for c in text] + [2] * add_eos
+
+
+def test_window_loader_batches_do_not_depend_on_the_rank_split(corpus, tmp_path):
+    from linrnn.training import data
+    from linrnn.training.loader import WindowDataLoader
+
+    data.register_datasets()
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": "abcdefghij"[: 3 + i % 7] * (1 + i % 3)}) + "\n" for i in range(40)))
+    config = WindowDataLoader.Config(dataset="files", dataset_path=str(docs), seed=5)
+
+    def batches(ranks, batch, calls):
+        loaders = [iter(WindowDataLoader(config, dp_world_size=ranks, dp_rank=r, tokenizer=CharTokenizer(), seq_len=8,
+                                         local_batch_size=batch)) for r in range(ranks)]  # fmt: skip
+        return [[next(loader) for loader in loaders] for _ in range(calls)]
+
+    one = batches(1, 4, calls=6)
+    two = batches(2, 2, calls=6)
+    for (single,), pair in zip(one, two, strict=True):
+        for key in ("input", "positions"):
+            torch.testing.assert_close(single[0][key], torch.cat([p[0][key] for p in pair]))
+        torch.testing.assert_close(single[1], torch.cat([p[1] for p in pair]))
+    inputs, positions, labels = one[0][0][0]["input"], one[0][0][0]["positions"], one[0][0][1]
+    assert (positions[inputs == 1] == 0).all() and (positions[:, 0] == 0).all()
+    assert (labels != 1).all() and (labels == -100).any()  # targets that are <s> are ignored
 
 
 def test_flops_per_token_counts_the_matrices():

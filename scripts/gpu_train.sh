@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 6 on the GPU machines: a 340M Gated DeltaNet trained through torchtitan (python -m linrnn.train), bf16,
+# sequence length 4096, on the embedded corpus. One device call per mode:
+#   bash scripts/gpu_train.sh single   # nvidia-h100-x1: 200 steps with linrnn's Triton kernels (loss, tokens/s,
+#                                      # MFU), then 40 steps with FLA's chunk_gated_delta_rule swapped in (speed only)
+#   bash scripts/gpu_train.sh fsdp     # nvidia-h200-x2: the packed-document GPU test, then the same global batch
+#                                      # (8 × 4096) on 1 GPU, on 1 GPU as 2 micro-batches, and on 2 GPUs with FSDP
+# Carry .whl (fla-core, pydantic), .whl-train (torchtitan and its pure-Python dependencies, tokenizers), .data
+# (LINRNN_DATA: the prepared corpus, `LINRNN_DATA=.data linrnn data prepare`) and .triton_cache.tgz when there.
+# Writes $OUT/<run>/metrics.jsonl, $OUT/<run>.log, $OUT/report.md and $OUT/triton_cache.tgz.
+set -uo pipefail
+mode="${1:-single}"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/*.whl .whl-train/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD" LINRNN_DATA="$PWD/.data" FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1 TRITON_STORE_BINARY_ONLY=1
+out="${OUT:-/tmp}"
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -f .triton_cache.tgz ]; then tar xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"; fi
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+python3 -c "import torch, triton, torchtitan; print('torch', torch.__version__, 'triton', triton.__version__, 'torchtitan 0.3.0')"
+common=(--config gdn_340m_sp --metrics.log_freq 10 --checkpoint.no-enable)
+
+run() {  # run NAME SECONDS NPROC ENTRY ARGS...: one torchrun, its log in $OUT/NAME.log
+  local name="$1" seconds="$2" nproc="$3" entry="$4"
+  shift 4
+  echo "== $name: $nproc process(es), $*"
+  local start=$SECONDS
+  timeout -k 20 "$seconds" torchrun --nproc_per_node="$nproc" --master_port=$((29500 + RANDOM % 1000)) $entry \
+    "${common[@]}" --dump_folder "$out/$name" "$@" > "$out/$name.log" 2>&1
+  echo "   exit $? after $((SECONDS - start)) s"
+  grep -E "step: +(1|10|50|100|150|200) |validate step" "$out/$name.log" | sed 's/\x1b\[[0-9;]*m//g' | cut -c 45- | tail -8
+  grep -E "Error|error:" "$out/$name.log" | grep -v -E "lspci|UserWarning" | tail -3
+}
+
+if [ "$mode" = single ]; then
+  run linrnn 330 1 "-m linrnn.train" --training.steps 200 --validator.freq 100
+  run fla 200 1 scripts/train_fla.py --training.steps 40 --validator.no-enable
+  python3 scripts/train_report.py linrnn="$out/linrnn" fla="$out/fla" | tee "$out/report.md"
+else
+  timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider tests/models/test_packed_documents.py -m gpu 2>&1 | tail -5
+  fsdp=(--training.steps 60 --training.global_batch_size 8 --validator.no-enable)
+  run one 150 1 "-m linrnn.train" "${fsdp[@]}" --training.local_batch_size 8
+  run accum 150 1 "-m linrnn.train" "${fsdp[@]}" --training.local_batch_size 4
+  run two 150 2 "-m linrnn.train" "${fsdp[@]}" --training.local_batch_size 4
+  python3 scripts/train_report.py one="$out/one" accum="$out/accum" two="$out/two" | tee "$out/report.md"
+fi
+tar czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
+if [ "$(stat -c %s "$out/triton_cache.tgz")" -gt $((15 * 1024 * 1024)) ]; then
+  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar czf "$out/triton_cache.tgz" --null -T -)
+fi
