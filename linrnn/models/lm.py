@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from linrnn.models.config import ModelConfig, model_config
 from linrnn.recurrences.base import Documents, MixerState
@@ -100,8 +101,12 @@ class LanguageModel(nn.Module):
         if documents is not None:
             x = x.reshape(1, -1, x.shape[-1])  # [1, B·T, D]: rows fold into one packed sequence
         new_state = []
+        recompute = self.config.checkpoint_activations and torch.is_grad_enabled() and not return_state
         for i, layer in enumerate(self.layers):
-            x, layer_state = layer(x, None if state is None else state[i], return_state, documents)
+            if recompute:
+                x, layer_state = checkpoint(layer, x, None, False, documents, use_reentrant=False)
+            else:
+                x, layer_state = layer(x, None if state is None else state[i], return_state, documents)
             new_state.append(layer_state)
         logits = self.lm_head(self.norm(x).reshape(*input_ids.shape, -1))
         if self.config.logit_multiplier != 1:

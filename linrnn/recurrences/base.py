@@ -83,8 +83,15 @@ class Documents:
     start from zero at each document start. Built by ``from_positions``."""
 
     cu_seqlens: Tensor  # [D + 1] int64 document boundaries, for the ops' varlen path
-    offset: Tensor  # [N] index of each token within its document (the short conv's mask)
+    offset: Tensor  # [N] index of each token within its document
     positions: Tensor  # [N] the caller's positions (RoPE)
+    _crossing: dict[int, Tensor] = field(default_factory=dict, repr=False)
+
+    def crossing(self, lag: int) -> Tensor:
+        """Indices of the tokens less than ``lag`` into their document (a conv tap ``lag`` back crosses its start)."""
+        if lag not in self._crossing:
+            self._crossing[lag] = (self.offset < lag).nonzero().squeeze(1)
+        return self._crossing[lag]
 
     @classmethod
     def from_positions(cls, positions: Tensor) -> Documents:
@@ -108,19 +115,21 @@ class ShortConv(nn.Module):
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
-    def forward(self, x: Tensor, history: Tensor | None = None, offset: Tensor | None = None):
-        """x ``[B, T, C]`` → (SiLU(conv) ``[B, T, C]``, last ``W − 1`` inputs ``[B, C, W − 1]``). With ``offset``
-        (``[T]``, each token's index within its packed document), taps reaching before a document start are 0."""
+    def forward(self, x: Tensor, history: Tensor | None = None, documents: Documents | None = None):
+        """x ``[B, T, C]`` → (SiLU(conv) ``[B, T, C]``, last ``W − 1`` inputs ``[B, C, W − 1]``). With packed
+        ``documents`` (B = 1), taps reaching before a document's start contribute nothing."""
         x = rearrange(x, "b t c -> b c t")
+        width = self.kernel_size
         if history is None:
-            history = x.new_zeros(x.shape[0], x.shape[1], self.kernel_size - 1)
+            history = x.new_zeros(x.shape[0], x.shape[1], width - 1)
         padded = torch.cat([history.to(x.dtype), x], dim=-1)  # [B, C, W − 1 + T]
-        if offset is None:
-            y = F.conv1d(padded, self.weight, groups=x.shape[1])
-        else:  # tap i looks back lag = W − 1 − i tokens
-            steps, width = x.shape[-1], self.kernel_size
-            y = sum(padded[..., i : i + steps] * self.weight[:, :, i] * (offset >= width - 1 - i) for i in range(width))
-        return rearrange(F.silu(y), "b c t -> b t c"), padded[..., padded.shape[-1] - (self.kernel_size - 1) :]
+        y = F.conv1d(padded, self.weight, groups=x.shape[1])
+        if documents is not None:  # remove the crossing taps: only the first W − 1 tokens of each document
+            for lag in range(1, width):
+                hit = documents.crossing(lag)
+                reached = padded.index_select(-1, hit + (width - 1 - lag))  # x[t − lag] for the hit tokens t
+                y = y.index_add(-1, hit, reached * self.weight[:, :, width - 1 - lag], alpha=-1)
+        return rearrange(F.silu(y), "b c t -> b t c"), padded[..., padded.shape[-1] - (width - 1) :]
 
 
 class GatedRMSNorm(nn.Module):
@@ -239,12 +248,11 @@ class LinearRNNMixer(nn.Module):
         config = self.config
         history = state.conv if state is not None else {}
         position = state.position if state is not None else 0
-        offset = None if documents is None else documents.offset
         new_history, streams = {}, {}
         for name in self.stream_names:
             h = getattr(self, f"{name}_proj")(x)
             if config.use_short_conv:
-                h, new_history[name] = getattr(self, f"{name}_conv")(h, history.get(name), offset)
+                h, new_history[name] = getattr(self, f"{name}_conv")(h, history.get(name), documents)
             else:
                 h = F.silu(h)
             streams[name] = rearrange(h, "b t (h d) -> b t h d", h=self.num_heads)

@@ -88,3 +88,15 @@ def test_packed_documents_on_the_triton_kernels(cell):
     assert torch.linalg.norm(logits - ref_logits) <= 1e-4 * torch.linalg.norm(ref_logits)
     for name, grad in ref_grads.items():
         assert torch.linalg.norm(grads[name] - grad) <= 1e-4 * torch.linalg.norm(grad) + 1e-9, name
+
+
+def test_checkpointed_activations_give_the_same_gradients():
+    torch.manual_seed(0)
+    plain = linrnn.build_model("gammanet").double()
+    recomputed = linrnn.build_model("gammanet", checkpoint_activations=True).double()
+    recomputed.load_state_dict(plain.state_dict())
+    _, ids, positions = packed_batch(seed=4)
+    for model in (plain, recomputed):
+        model(ids, positions=positions).square().mean().backward()
+    for (name, a), b in zip(plain.named_parameters(), recomputed.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-14, msg=name)
