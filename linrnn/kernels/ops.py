@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -210,7 +211,9 @@ def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
         problem = _triton_problem((q, w, v, e, g, beta, options.initial_state, log_gamma))
         if problem and options.backend == "triton":
             fail(op, f"backend 'triton' {problem}")
-        use_triton = problem is None  # "auto" falls back to the torch path
+        use_triton = problem is None  # "auto" falls back to the torch path, saying so once per reason
+        if problem and q.is_cuda:
+            _warn_fallback(op, problem)
     if (
         use_triton
         and not _needs_grad((q, w, v, e, g, beta, options.initial_state, log_gamma))
@@ -241,6 +244,12 @@ def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
     if log_gamma is not None and final is not None:
         final = final * gamma[:, :, None]
     return o.to(out_dtype), final
+
+
+@functools.cache
+def _warn_fallback(op: str, problem: str) -> None:
+    warnings.warn(f"{op}: backend 'auto' runs the PyTorch chunkwise path on CUDA because the Triton kernels {problem}",
+                  stacklevel=4)  # fmt: skip
 
 
 def _needs_grad(tensors) -> bool:

@@ -68,13 +68,14 @@ def _llama_mlp(width: int) -> int:
 
 
 def _m340() -> dict[str, Any]:
-    """~340M parameters with a 32k vocabulary (FLA's 340M scale)."""
-    return dict(vocab_size=32000, hidden_size=1024, num_layers=21, num_heads=4, intermediate_size=_llama_mlp(1024))
+    """~340M parameters with a 32k vocabulary (FLA's 340M scale); 6 heads: K = 128, V = 256 per head, which the
+    Triton kernels take (they hold a head's state tile in registers, K and V at most 256)."""
+    return dict(vocab_size=32000, hidden_size=1024, num_layers=21, num_heads=6, intermediate_size=_llama_mlp(1024))
 
 
 def _b1_3() -> dict[str, Any]:
-    """~1.3B parameters with a 32k vocabulary."""
-    return dict(vocab_size=32000, hidden_size=2048, num_layers=20, num_heads=8, intermediate_size=_llama_mlp(2048))
+    """~1.3B parameters with a 32k vocabulary; 12 heads: K = 128, V = 256 per head."""
+    return dict(vocab_size=32000, hidden_size=2048, num_layers=20, num_heads=12, intermediate_size=_llama_mlp(2048))
 
 
 PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
