@@ -4,7 +4,7 @@
 #   bash scripts/gpu_train.sh single   # nvidia-h100-x1: 200 steps with linrnn's Triton kernels (loss, tokens/s,
 #                                      # MFU), then 40 steps with FLA's chunk_gated_delta_rule swapped in (speed only)
 #   bash scripts/gpu_train.sh fsdp     # nvidia-h200-x2: the packed-document GPU test, then the same global batch
-#                                      # (8 × 4096) on 1 GPU, on 1 GPU as 2 micro-batches, and on 2 GPUs with FSDP
+#                                      # (4 × 4096) on 1 GPU, on 1 GPU as 2 micro-batches, and on 2 GPUs with FSDP
 # Carry .whl (fla-core, pydantic), .whl-train (torchtitan and its pure-Python dependencies, tokenizers), .data
 # (LINRNN_DATA: the prepared corpus, `LINRNN_DATA=.data linrnn data prepare`) and .triton_cache.tgz when there.
 # Writes $OUT/<run>/metrics.jsonl, $OUT/<run>.log, $OUT/report.md and $OUT/triton_cache.tgz.
@@ -40,10 +40,10 @@ if [ "$mode" = single ]; then
   python3 scripts/train_report.py linrnn="$out/linrnn" fla="$out/fla" | tee "$out/report.md"
 else
   timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider tests/models/test_packed_documents.py -m gpu 2>&1 | tail -5
-  fsdp=(--training.steps 60 --training.global_batch_size 8 --validator.no-enable)
-  run one 150 1 "-m linrnn.train" "${fsdp[@]}" --training.local_batch_size 8
-  run accum 150 1 "-m linrnn.train" "${fsdp[@]}" --training.local_batch_size 4
-  run two 150 2 "-m linrnn.train" "${fsdp[@]}" --training.local_batch_size 4
+  fsdp=(--training.steps 60 --training.global_batch_size 4 --validator.no-enable)
+  run one 150 1 "-m linrnn.train" "${fsdp[@]}" --training.local_batch_size 4
+  run accum 150 1 "-m linrnn.train" "${fsdp[@]}" --training.local_batch_size 2
+  run two 150 2 "-m linrnn.train" "${fsdp[@]}" --training.local_batch_size 2
   python3 scripts/train_report.py one="$out/one" accum="$out/accum" two="$out/two" | tee "$out/report.md"
 fi
 tar czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .

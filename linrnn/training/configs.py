@@ -11,8 +11,8 @@ resume, and validation in bits per byte on the whole held-out set. CLI flags ove
 |---|---|---|---|---|---|
 | ``tiny`` | 4 layers, width 128, 2 heads (CPU) | 4096 | 256 × 16 | 64 | 3e-3 |
 | ``paper256`` … ``paper1536`` | seed 000's family: 8 layers, 6 heads | 4096 | 512 × 16 | 256 | 3e-3 |
-| ``340m`` | 21 layers, width 1024, 4 heads | 32000 | 4096 × 8 | 256 | 1e-3 |
-| ``1.3b`` | 20 layers, width 2048, 8 heads, activations recomputed | 32000 | 4096 × 4 | 256 | 6e-4 |
+| ``340m`` | 21 layers, width 1024, 6 heads | 32000 | 4096 × 4 | 256 | 1e-3 |
+| ``1.3b`` | 20 layers, width 2048, 12 heads, activations recomputed | 32000 | 4096 × 4 | 256 | 6e-4 |
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ SIZES = {
                  seq_len=256, batch=16, base_width=64, lr=3e-3, steps=300, checkpoint_interval=100),
     **{f"paper{w}": Size(f"paper-{w}", dict(vocab_size=4096), 4096, seq_len=512, batch=16, base_width=256, lr=3e-3,
                          steps=2000, checkpoint_interval=500) for w in (256, 384, 512, 768, 1024, 1536)},
-    "340m": Size("340m", {}, 32000, seq_len=4096, batch=8, base_width=256, lr=1e-3, steps=2000, checkpoint_interval=500),
+    "340m": Size("340m", {}, 32000, seq_len=4096, batch=4, base_width=256, lr=1e-3, steps=2000, checkpoint_interval=500),
     "1.3b": Size("1.3b", dict(checkpoint_activations=True), 32000, seq_len=4096, batch=4, base_width=256, lr=6e-4, steps=2000, checkpoint_interval=500),
 }  # fmt: skip
 
