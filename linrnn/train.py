@@ -30,9 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     if name not in configs.config_names():
         close = difflib.get_close_matches(name, configs.config_names(), n=5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise SystemExit(f"linrnn.train: unknown config {name!r}{hint} Known configs are {{cell}}_{{size}}_{{param}} with "
-                         f"cell in {list(configs.CELLS)}, size in {list(configs.SIZES)}, param in "
-                         f"{list(configs.PARAMETRIZATIONS)} (--list-configs prints all {len(configs.config_names())})")  # fmt: skip
+        raise SystemExit(
+            f"linrnn.train: unknown config {name!r}{hint} Known configs are {{cell}}_{{size}}_{{param}} with "
+            f"cell in {list(configs.CELLS)}, size in {list(configs.SIZES)}, param in "
+            f"{list(configs.PARAMETRIZATIONS)} (--list-configs prints all {len(configs.config_names())})"
+        )
     if _option(argv, "--module") is None:
         argv = ["--module", MODULE, *argv]
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):

@@ -52,14 +52,20 @@ def batches(text: torch.Tensor | None, steps: int, seed: int):
 def train(cell, width, multiplier, text, steps, lr, checkpoints, seed=0) -> dict[int, dict[str, float]]:
     torch.manual_seed(seed)
     model = linrnn.build_model(cell, hidden_size=width, intermediate_size=4 * width, tie_embeddings=False)
-    applied = parametrizations.apply(model, "gdn-mup", base_width=64, pre_norm_multiplier=multiplier,
-                                     readout_zero_init=True)  # fmt: skip
+    applied = parametrizations.apply(
+        model, "gdn-mup", base_width=64, pre_norm_multiplier=multiplier, readout_zero_init=True
+    )
     optimizer = torch.optim.AdamW(applied.param_groups(lr), weight_decay=0.0)
     mixer = model.layers[-1].mixer
     seen = {}
-    hooks = [mixer.register_forward_pre_hook(lambda module, args: seen.update(x=args[0].detach())),
-             mixer.o_norm.register_forward_hook(lambda module, args, out: seen.update(
-                 norm_in=float(args[0].detach().abs().mean()), norm_out=float(out.detach().abs().mean())))]  # fmt: skip
+    hooks = [
+        mixer.register_forward_pre_hook(lambda module, args: seen.update(x=args[0].detach())),
+        mixer.o_norm.register_forward_hook(
+            lambda module, args, out: seen.update(
+                norm_in=float(args[0].detach().abs().mean()), norm_out=float(out.detach().abs().mean())
+            )
+        ),
+    ]
     records = {}
     for step, (inputs, targets) in enumerate(batches(text, steps, seed)):
         loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
@@ -70,9 +76,14 @@ def train(cell, width, multiplier, text, steps, lr, checkpoints, seed=0) -> dict
                 read, _ = mixer.op(q, k, v, **gates, backend="reference")
                 random_q = F.normalize(torch.randn_like(q), dim=-1)
                 random_read, _ = mixer.op(random_q, k, v, **gates, backend="reference")
-            records[step] = dict(loss=float(loss.detach()), read=float(read.abs().mean()),
-                                 random_read=float(random_read.abs().mean()), norm_in=seen["norm_in"],
-                                 norm_out=seen["norm_out"], d_k=mixer.head_k_dim)  # fmt: skip
+            records[step] = dict(
+                loss=float(loss.detach()),
+                read=float(read.abs().mean()),
+                random_read=float(random_read.abs().mean()),
+                norm_in=seen["norm_in"],
+                norm_out=seen["norm_out"],
+                d_k=mixer.head_k_dim,
+            )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -97,8 +108,11 @@ def main() -> None:
     checkpoints = sorted({0, 3, 10, 30, 100, args.steps} & set(range(args.steps + 1)))
     log_widths = np.log(args.widths)
     for cell in args.cells:
-        runs = {(w, on): train(cell, w, on, text, args.steps, args.lr, checkpoints) for w in args.widths
-                for on in (True, False)}  # fmt: skip
+        runs = {
+            (w, on): train(cell, w, on, text, args.steps, args.lr, checkpoints)
+            for w in args.widths
+            for on in (True, False)
+        }
         print(f"\n{cell}, gdn-mup AdamW {args.lr:g}, {'streaming' if text is not None else 'one fixed batch'}")
         print("| step | slope o·√d_k | slope o·d_k | learned / random read, per width | loss on / off, widest |")
         print("|---:|---:|---:|---|---|")
@@ -108,15 +122,20 @@ def main() -> None:
             d_k = np.array([r["d_k"] for r in rows])
             ratios = " ".join(f"{r['read'] / r['random_read']:.2f}" for r in rows)
             widest = runs[(args.widths[-1], True)][step]["loss"], runs[(args.widths[-1], False)][step]["loss"]
-            print(f"| {step} | {np.polyfit(log_widths, np.log(read * np.sqrt(d_k)), 1)[0]:+.2f} | "
-                  f"{np.polyfit(log_widths, np.log(read * d_k), 1)[0]:+.2f} | {ratios} | "
-                  f"{widest[0]:.4f} / {widest[1]:.4f} |")  # fmt: skip
+            print(
+                f"| {step} | {np.polyfit(log_widths, np.log(read * np.sqrt(d_k)), 1)[0]:+.2f} | "
+                f"{np.polyfit(log_widths, np.log(read * d_k), 1)[0]:+.2f} | {ratios} | "
+                f"{widest[0]:.4f} / {widest[1]:.4f} |"
+            )
         print("| width | loss on / off | RMSNorm input on / off | RMSNorm output on / off |  (last step)")
         print("|---:|---|---|---|")
         for w in args.widths:
             on, off = runs[(w, True)][checkpoints[-1]], runs[(w, False)][checkpoints[-1]]
-            print(f"| {w} | {on['loss']:.4f} / {off['loss']:.4f} | {on['norm_in']:.2e} / {off['norm_in']:.2e} | "
-                  f"{on['norm_out']:.3f} / {off['norm_out']:.3f} |", flush=True)  # fmt: skip
+            print(
+                f"| {w} | {on['loss']:.4f} / {off['loss']:.4f} | {on['norm_in']:.2e} / {off['norm_in']:.2e} | "
+                f"{on['norm_out']:.3f} / {off['norm_out']:.3f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

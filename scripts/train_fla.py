@@ -26,11 +26,18 @@ from linrnn.recurrences.gated_deltanet import GatedDeltaNet  # noqa: E402
 fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True  # lifts FLA's Hopper guard: speed only
 
 
-def fla_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final_state=False, cu_seqlens=None,
-                         **unused):  # fmt: skip
+def fla_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final_state=False, cu_seqlens=None, **unused):
     """linrnn's op signature on FLA's kernel (q, k already L2-normalised by the mixer)."""
-    return chunk_gated_delta_rule(q, k, v, g.float(), beta.to(q.dtype), initial_state=initial_state,
-                                  output_final_state=output_final_state, cu_seqlens=cu_seqlens)  # fmt: skip
+    return chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g.float(),
+        beta.to(q.dtype),
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )
 
 
 GatedDeltaNet.op = staticmethod(fla_gated_delta_rule)

@@ -41,9 +41,11 @@ def main() -> None:
         mfu = [r["mfu"] for r in timed if r.get("mfu") is not None]
         validation = [r["validation_bpb"] for r in records if r.get("validation_bpb") is not None]
         summary[name] = tps
-        print(f"| {name} | {train[-1]['step']} | {train[0]['loss']:.3f} → {train[-1]['loss']:.3f} | "
-              f"{validation[-1] if validation else float('nan'):.3f} | {tps:,.0f} | "
-              f"{statistics.median(mfu) if mfu else float('nan'):.1f} |")  # fmt: skip
+        print(
+            f"| {name} | {train[-1]['step']} | {train[0]['loss']:.3f} → {train[-1]['loss']:.3f} | "
+            f"{validation[-1] if validation else float('nan'):.3f} | {tps:,.0f} | "
+            f"{statistics.median(mfu) if mfu else float('nan'):.1f} |"
+        )
     names = list(summary)
     for name in names[1:]:
         print(f"tokens/s per device, {name} / {names[0]}: {summary[name] / summary[names[0]]:.3f}")
@@ -52,8 +54,10 @@ def main() -> None:
         common = sorted(set(first) & set(losses[name]))
         if common:
             worst = max(common, key=lambda s: abs(first[s] - losses[name][s]))
-            print(f"largest |loss difference| {name} vs {list(losses)[0]} over {len(common)} steps: "
-                  f"{abs(first[worst] - losses[name][worst]):.4f} at step {worst}")  # fmt: skip
+            print(
+                f"largest |loss difference| {name} vs {list(losses)[0]} over {len(common)} steps: "
+                f"{abs(first[worst] - losses[name][worst]):.4f} at step {worst}"
+            )
 
 
 if __name__ == "__main__":

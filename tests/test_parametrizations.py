@@ -3,8 +3,6 @@ equivalence with SP, param_groups, and the coordinate check: flat under muP and 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -128,12 +126,15 @@ MUP_SETTINGS = [("gdn-mup", "adamw", 1e-3), ("gdn-mup", "sgd", 0.1)]  # mup unde
 def test_mup_and_gdn_mup_agree_under_adamw(cell):
     """GDN-muP differs from muP only under SGD, so under AdamW the coordinate check of one is the other's."""
     models = [linrnn.build_model(cell, hidden_size=256, tie_embeddings=False) for _ in range(2)]
-    mup, gdn_mup = (P.apply(model, name, base_width=64, optimizer="adamw", readout_zero_init=True)
-                    for model, name in zip(models, ("mup", "gdn-mup")))  # fmt: skip
+    mup, gdn_mup = (
+        P.apply(model, name, base_width=64, optimizer="adamw", readout_zero_init=True)
+        for model, name in zip(models, ("mup", "gdn-mup"), strict=True)
+    )
     assert mup.rules == gdn_mup.rules
     assert models[0].config.logit_multiplier == models[1].config.logit_multiplier
-    assert [layer.mixer.config.output_multiplier for layer in models[0].layers] == \
-        [layer.mixer.config.output_multiplier for layer in models[1].layers]  # fmt: skip
+    assert [layer.mixer.config.output_multiplier for layer in models[0].layers] == [
+        layer.mixer.config.output_multiplier for layer in models[1].layers
+    ]
 
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -146,7 +147,8 @@ def test_coordinates_flat_in_width_under_mup(cell, parametrization, optimizer, l
     assert {"logits", "layers.0.mixer:o", "layers.1.mixer:q_hat_sqrt_d", "layers.1.mixer:state_sqrt_d"} <= set(sizes)
     assert all(np.isfinite(check.sizes[name]).all() and (check.sizes[name][1:] > 0).all() for name in sizes)
     name, step, slope = check.worst_slope()
-    assert abs(slope) <= FLAT_BOUND, f"{cell} {parametrization} {optimizer}: {name} at step {step} has slope {slope:+.3f}"
+    where = f"{cell} {parametrization} {optimizer}: {name} at step {step}"
+    assert abs(slope) <= FLAT_BOUND, f"{where} has slope {slope:+.3f}"
 
 
 @pytest.mark.parametrize("cell", CELLS)

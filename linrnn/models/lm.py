@@ -81,8 +81,13 @@ class LanguageModel(nn.Module):
     def local_param_roles(self) -> dict[str, str]:
         return {"embed.weight": "embedding", "norm.weight": "norm", "lm_head.weight": "readout"}
 
-    def forward(self, input_ids: Tensor, state: list[MixerState] | None = None, return_state: bool = False,
-                positions: Tensor | None = None):  # fmt: skip
+    def forward(
+        self,
+        input_ids: Tensor,
+        state: list[MixerState] | None = None,
+        return_state: bool = False,
+        positions: Tensor | None = None,
+    ):
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
             got = (
                 f"{input_ids.dtype} tensor of shape {list(input_ids.shape)}"
@@ -116,13 +121,20 @@ class LanguageModel(nn.Module):
     @staticmethod
     def _documents(input_ids: Tensor, positions: Tensor, state, return_state: bool) -> Documents:
         if not isinstance(positions, Tensor) or positions.shape != input_ids.shape or positions.is_floating_point():
-            got = f"{positions.dtype} tensor of shape {list(positions.shape)}" if isinstance(positions, Tensor) \
-                else type(positions).__name__  # fmt: skip
-            raise ValueError(f"LanguageModel: argument 'positions' must be an integer tensor of input_ids' shape "
-                             f"{list(input_ids.shape)}, got {got}")  # fmt: skip
+            got = (
+                f"{positions.dtype} tensor of shape {list(positions.shape)}"
+                if isinstance(positions, Tensor)
+                else type(positions).__name__
+            )
+            raise ValueError(
+                f"LanguageModel: argument 'positions' must be an integer tensor of input_ids' shape "
+                f"{list(input_ids.shape)}, got {got}"
+            )
         if state is not None or return_state:
-            raise ValueError("LanguageModel: packed documents ('positions') start from a zero state; "
-                             "'state' and 'return_state' are for decoding one stream and cannot be combined with them")  # fmt: skip
+            raise ValueError(
+                "LanguageModel: packed documents ('positions') start from a zero state; "
+                "'state' and 'return_state' are for decoding one stream and cannot be combined with them"
+            )
         return Documents.from_positions(positions)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:

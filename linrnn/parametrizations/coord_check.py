@@ -96,10 +96,23 @@ class CoordCheck:
         plt.close(figure)
 
 
-def coord_check(cell: str, parametrization: str, *, widths=(64, 128, 256, 512), base_width: int = 64,
-                optimizer: str = "adamw", lr: float | None = None, steps: int = 3, batch: int = 8,
-                seq_len: int = 64, seeds=(0,), num_heads: int = 2, pre_norm_multiplier: bool | None = None,
-                readout_zero_init: bool = True, on_step: Callable[[], None] | None = None) -> CoordCheck:  # fmt: skip
+def coord_check(
+    cell: str,
+    parametrization: str,
+    *,
+    widths=(64, 128, 256, 512),
+    base_width: int = 64,
+    optimizer: str = "adamw",
+    lr: float | None = None,
+    steps: int = 3,
+    batch: int = 8,
+    seq_len: int = 64,
+    seeds=(0,),
+    num_heads: int = 2,
+    pre_norm_multiplier: bool | None = None,
+    readout_zero_init: bool = True,
+    on_step: Callable[[], None] | None = None,
+) -> CoordCheck:
     """Runs the check (module docstring) and returns the sizes, averaged over ``seeds`` (each seed draws its own
     init); ``lr`` defaults to 1e-3 (AdamW), 0.1 (SGD). The readout is untied, and zero at init unless
     ``readout_zero_init=False`` (then its logits vanish at init as m^(-1/2), muP's design)."""
@@ -118,10 +131,22 @@ def coord_check(cell: str, parametrization: str, *, widths=(64, 128, 256, 512), 
     for seed in seeds:
         for column, width in enumerate(widths):
             torch.manual_seed(seed)
-            model = linrnn.build_model(cell, preset="tiny", hidden_size=width, intermediate_size=4 * width,
-                                       num_heads=num_heads, tie_embeddings=False)  # fmt: skip
-            applied = apply(model, parametrization, base_width=base_width, optimizer=optimizer,
-                            pre_norm_multiplier=pre_norm_multiplier, readout_zero_init=readout_zero_init)  # fmt: skip
+            model = linrnn.build_model(
+                cell,
+                preset="tiny",
+                hidden_size=width,
+                intermediate_size=4 * width,
+                num_heads=num_heads,
+                tie_embeddings=False,
+            )
+            applied = apply(
+                model,
+                parametrization,
+                base_width=base_width,
+                optimizer=optimizer,
+                pre_norm_multiplier=pre_norm_multiplier,
+                readout_zero_init=readout_zero_init,
+            )
             _same_gate_scalars(model, seed)
             groups = applied.param_groups(lr)
             opt = torch.optim.AdamW(groups, weight_decay=0.0) if optimizer == "adamw" else torch.optim.SGD(groups)
@@ -163,8 +188,11 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, inputs: Tensor, targets
 
         return hook
 
-    handles = [module.register_forward_hook(record(name or "logits")) for name, module in model.named_modules()
-               if name != "lm_head" and not isinstance(module, (nn.ModuleList, nn.Sequential))]  # fmt: skip
+    handles = [
+        module.register_forward_hook(record(name or "logits"))
+        for name, module in model.named_modules()
+        if name != "lm_head" and not isinstance(module, (nn.ModuleList, nn.Sequential))
+    ]
     try:
         for t in range(steps + 1):
             sizes.clear()
@@ -230,12 +258,23 @@ def run(args) -> int:
     console = Console(width=max(Console().width, 130))
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("training", total=args.seeds * len(args.widths) * args.steps)
-        check = coord_check(canonical_name(args.cell), args.param, widths=tuple(args.widths),
-                            base_width=args.base_width, optimizer=args.optimizer, lr=args.lr, steps=args.steps,
-                            seeds=range(args.seeds), pre_norm_multiplier=False if args.no_pre_norm_multiplier else None,
-                            readout_zero_init=not args.random_readout, on_step=lambda: progress.advance(task))  # fmt: skip
-    table = Table(title=f"coordinate check: {check.cell}, {check.parametrization}, {check.optimizer}, lr {check.lr:g}, "
-                        f"widths {check.widths}: slope of log mean |coordinate| against log width")  # fmt: skip
+        check = coord_check(
+            canonical_name(args.cell),
+            args.param,
+            widths=tuple(args.widths),
+            base_width=args.base_width,
+            optimizer=args.optimizer,
+            lr=args.lr,
+            steps=args.steps,
+            seeds=range(args.seeds),
+            pre_norm_multiplier=False if args.no_pre_norm_multiplier else None,
+            readout_zero_init=not args.random_readout,
+            on_step=lambda: progress.advance(task),
+        )
+    table = Table(
+        title=f"coordinate check: {check.cell}, {check.parametrization}, {check.optimizer}, lr {check.lr:g}, "
+        f"widths {check.widths}: slope of log mean |coordinate| against log width"
+    )
     table.add_column("output")
     for t in range(check.steps + 1):
         table.add_column(f"step {t}" + (" (init)" if t == 0 else ""), justify="right")

@@ -41,7 +41,7 @@ class MixerOptions(BaseModel):
     rope_theta: float = Field(10000.0, gt=0)
     norm_eps: float = Field(1e-6, gt=0)
     output_multiplier: float = Field(
-        1.0, gt=0, description="multiplies the recurrence output before the gated RMSNorm (seed 000 §4.3; muP: d_k / base d_k)"
+        1.0, gt=0, description="multiplies the recurrence output before the gated RMSNorm (seed 000 §4.3: d_k / d_k0)"
     )
     backend: str = "auto"
     chunk_size: int | None = Field(None, gt=0)

@@ -54,21 +54,62 @@ class Size:
 
 
 SIZES = {
-    "tiny": Size("tiny", dict(vocab_size=4096, hidden_size=128, num_layers=4, intermediate_size=512), 4096,
-                 seq_len=256, batch=16, base_width=64, lr=3e-3, steps=300, checkpoint_interval=100),
-    **{f"paper{w}": Size(f"paper-{w}", dict(vocab_size=4096), 4096, seq_len=512, batch=16, base_width=256, lr=3e-3,
-                         steps=2000, checkpoint_interval=500) for w in (256, 384, 512, 768, 1024, 1536)},
-    "340m": Size("340m", {}, 32000, seq_len=4096, batch=4, base_width=256, lr=1e-3, steps=2000, checkpoint_interval=500),
-    "1.3b": Size("1.3b", dict(checkpoint_activations=True), 32000, seq_len=4096, batch=4, base_width=256, lr=6e-4, steps=2000, checkpoint_interval=500),
-}  # fmt: skip
+    "tiny": Size(
+        "tiny",
+        dict(vocab_size=4096, hidden_size=128, num_layers=4, intermediate_size=512),
+        4096,
+        seq_len=256,
+        batch=16,
+        base_width=64,
+        lr=3e-3,
+        steps=300,
+        checkpoint_interval=100,
+    ),
+    **{
+        f"paper{w}": Size(
+            f"paper-{w}",
+            dict(vocab_size=4096),
+            4096,
+            seq_len=512,
+            batch=16,
+            base_width=256,
+            lr=3e-3,
+            steps=2000,
+            checkpoint_interval=500,
+        )
+        for w in (256, 384, 512, 768, 1024, 1536)
+    },
+    "340m": Size(
+        "340m", {}, 32000, seq_len=4096, batch=4, base_width=256, lr=1e-3, steps=2000, checkpoint_interval=500
+    ),
+    "1.3b": Size(
+        "1.3b",
+        dict(checkpoint_activations=True),
+        32000,
+        seq_len=4096,
+        batch=4,
+        base_width=256,
+        lr=6e-4,
+        steps=2000,
+        checkpoint_interval=500,
+    ),
+}
 
 
 def config_names() -> list[str]:
     return [f"{cell}_{size}_{param}" for cell in CELLS for size in SIZES for param in PARAMETRIZATIONS]
 
 
-def build(cell: str, size: str, parametrization: str, *, optimizer: str = "AdamW", readout_zero_init: bool = False,
-          overrides: dict[str, Any] | None = None, base_width: int | None = None) -> Trainer.Config:  # fmt: skip
+def build(
+    cell: str,
+    size: str,
+    parametrization: str,
+    *,
+    optimizer: str = "AdamW",
+    readout_zero_init: bool = False,
+    overrides: dict[str, Any] | None = None,
+    base_width: int | None = None,
+) -> Trainer.Config:
     """The Trainer config of one named run (cell and parametrization as registry names; sizes above)."""
     spec = SIZES[size]
     on_gpu = torch.cuda.is_available()
@@ -77,30 +118,53 @@ def build(cell: str, size: str, parametrization: str, *, optimizer: str = "AdamW
     stats = data.corpus_stats()["tokenizers"][str(spec.vocab)]
     name = f"{cell}_{size}_{parametrization}"
     model = TitanLanguageModel.Config(
-        cell=canonical_name(cell), preset=spec.preset, overrides={**spec.overrides, **(overrides or {})},
-        parametrization=parametrization, base_width=base_width or spec.base_width,
-        optimizer="adamw" if optimizer == "AdamW" else "sgd", readout_zero_init=readout_zero_init,
-    )  # fmt: skip
+        cell=canonical_name(cell),
+        preset=spec.preset,
+        overrides={**spec.overrides, **(overrides or {})},
+        parametrization=parametrization,
+        base_width=base_width or spec.base_width,
+        optimizer="adamw" if optimizer == "AdamW" else "sgd",
+        readout_zero_init=readout_zero_init,
+    )
     return Trainer.Config(
-        model_spec=ModelSpec(name="linrnn", flavor=name, model=model, parallelize_fn=parallelize, pipelining_fn=None,
-                             post_optimizer_build_fn=None, state_dict_adapter=None),  # fmt: skip
+        model_spec=ModelSpec(
+            name="linrnn",
+            flavor=name,
+            model=model,
+            parallelize_fn=parallelize,
+            pipelining_fn=None,
+            post_optimizer_build_fn=None,
+            state_dict_adapter=None,
+        ),
         hf_assets_path=str(data.tokenizer_dir(spec.vocab)),
         dump_folder=f"outputs/{name}",
         loss=CrossEntropyLoss.Config(),
-        optimizer=ParametrizedOptimizers.Config(name=optimizer, lr=spec.lr, implementation="fused" if on_gpu else "foreach"),
-        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=max(1, spec.steps // 20), decay_type="cosine",
-                                                  min_lr_factor=0.1),  # fmt: skip
-        training=TrainingConfig(local_batch_size=spec.batch, seq_len=spec.seq_len, steps=spec.steps, max_norm=1.0,
-                                mixed_precision_param="bfloat16" if on_gpu else "float32",
-                                disable_cuda_graphs=True),  # fmt: skip
+        optimizer=ParametrizedOptimizers.Config(
+            name=optimizer, lr=spec.lr, implementation="fused" if on_gpu else "foreach"
+        ),
+        lr_scheduler=LRSchedulersContainer.Config(
+            warmup_steps=max(1, spec.steps // 20), decay_type="cosine", min_lr_factor=0.1
+        ),
+        training=TrainingConfig(
+            local_batch_size=spec.batch,
+            seq_len=spec.seq_len,
+            steps=spec.steps,
+            max_norm=1.0,
+            mixed_precision_param="bfloat16" if on_gpu else "float32",
+            disable_cuda_graphs=True,
+        ),
         parallelism=ParallelismConfig(spmd_backend="partial_dtensor"),
         dataloader=WindowDataLoader.Config(dataset="shakespeare"),
-        validator=Validator.Config(enable=True, freq=spec.checkpoint_interval, steps=-1,  # the whole held-out set
-                                   dataloader=WindowDataLoader.Config(dataset="shakespeare_validation",
-                                                                      infinite=False)),  # fmt: skip
+        validator=Validator.Config(
+            enable=True,
+            freq=spec.checkpoint_interval,
+            steps=-1,  # the whole held-out set
+            dataloader=WindowDataLoader.Config(dataset="shakespeare_validation", infinite=False),
+        ),
         metrics=LinrnnMetrics.Config(log_freq=10, bytes_per_token=stats["bytes_per_token"]),
-        checkpoint=CheckpointManager.Config(enable=True, interval=spec.checkpoint_interval, last_save_model_only=False,
-                                            keep_latest_k=2),  # fmt: skip
+        checkpoint=CheckpointManager.Config(
+            enable=True, interval=spec.checkpoint_interval, last_save_model_only=False, keep_latest_k=2
+        ),
         activation_checkpoint=None,
         debug=DebugConfig(seed=0),
     )

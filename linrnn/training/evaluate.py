@@ -23,8 +23,13 @@ def load_trained(config, checkpoint_dir: str | Path) -> LanguageModel:
 
     spec = config.model_spec.model
     model = LanguageModel(spec.model_config())
-    parametrizations.apply(model, spec.parametrization, base_width=spec.base_width, optimizer=spec.optimizer,
-                           readout_zero_init=spec.readout_zero_init)  # fmt: skip
+    parametrizations.apply(
+        model,
+        spec.parametrization,
+        base_width=spec.base_width,
+        optimizer=spec.optimizer,
+        readout_zero_init=spec.readout_zero_init,
+    )
     state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
     dcp.load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)
     model.load_state_dict({name.removeprefix("model."): tensor for name, tensor in state.items()})
@@ -39,8 +44,9 @@ def latest_checkpoint(dump_folder: str | Path) -> Path:
 
 
 @torch.no_grad()
-def validation_bpb(model: LanguageModel, tokenizer_folder: str | Path, documents_file: str | Path,
-                   seq_len: int = 1024) -> tuple[float, int]:  # fmt: skip
+def validation_bpb(
+    model: LanguageModel, tokenizer_folder: str | Path, documents_file: str | Path, seq_len: int = 1024
+) -> tuple[float, int]:
     """(bits per byte, bytes) of ``documents_file`` (jsonl, ``text``): each document is ``<s> text </s>``, its
     targets are every token after ``<s>``, documents are packed into rows of ``seq_len`` with their positions."""
     from tokenizers import Tokenizer
@@ -67,16 +73,23 @@ def validation_bpb(model: LanguageModel, tokenizer_folder: str | Path, documents
     return nats / math.log(2) / byte_count, byte_count
 
 
-def sample(model: LanguageModel, tokenizer_folder: str | Path, prompt: str, tokens: int = 120,
-           temperature: float = 0.8, seed: int = 0) -> str:  # fmt: skip
+def sample(
+    model: LanguageModel,
+    tokenizer_folder: str | Path,
+    prompt: str,
+    tokens: int = 120,
+    temperature: float = 0.8,
+    seed: int = 0,
+) -> str:
     from tokenizers import Tokenizer
 
     from linrnn.training.data import BOS
 
     tokenizer = Tokenizer.from_file(str(Path(tokenizer_folder) / "tokenizer.json"))
     prompt_ids = torch.tensor([tokenizer.token_to_id(BOS), *tokenizer.encode(prompt).ids])
-    out = generate(model, prompt_ids, tokens, temperature=temperature, top_k=50,
-                   generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    out = generate(
+        model, prompt_ids, tokens, temperature=temperature, top_k=50, generator=torch.Generator().manual_seed(seed)
+    )
     return tokenizer.decode(out.flatten()[1:].tolist())
 
 
@@ -85,7 +98,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default="tiny", help="a size of linrnn.training.configs (default tiny)")
     parser.add_argument("--param", default="sp", help="sp, mup or gdnmup (default sp)")
     parser.add_argument("--steps", type=int, default=250, help="training steps (default 250, ~4 min on 2 CPU cores)")
-    parser.add_argument("--out", default="outputs/linrnn-train", help="run folder (checkpoints, metrics.jsonl, model.pt)")
+    parser.add_argument(
+        "--out", default="outputs/linrnn-train", help="run folder (checkpoints, metrics.jsonl, model.pt)"
+    )
     parser.add_argument("overrides", nargs="*", help="further torchtitan flags after --, e.g. -- --optimizer.lr 1e-3")
 
 
@@ -99,12 +114,27 @@ def train_main(args: argparse.Namespace) -> int:
 
     name = f"{args.cell}_{args.size}_{args.param}"
     if name not in configs.config_names():
-        raise SystemExit(f"linrnn train: no config {name!r}: cell in {list(configs.CELLS)}, size in "
-                         f"{list(configs.SIZES)}, param in {list(configs.PARAMETRIZATIONS)}")  # fmt: skip
+        raise SystemExit(
+            f"linrnn train: no config {name!r}: cell in {list(configs.CELLS)}, size in "
+            f"{list(configs.SIZES)}, param in {list(configs.PARAMETRIZATIONS)}"
+        )
     data.prepare()
     started = time.perf_counter()
-    entry.main(["--config", name, "--training.steps", str(args.steps), "--dump_folder", args.out,
-                "--metrics.log_freq", "25", "--validator.freq", "125", *args.overrides])  # fmt: skip
+    entry.main(
+        [
+            "--config",
+            name,
+            "--training.steps",
+            str(args.steps),
+            "--dump_folder",
+            args.out,
+            "--metrics.log_freq",
+            "25",
+            "--validator.freq",
+            "125",
+            *args.overrides,
+        ]
+    )
     seconds = time.perf_counter() - started
     config = configs.build(configs.CELLS[args.cell], args.size, configs.PARAMETRIZATIONS[args.param])
     model = load_trained(config, latest_checkpoint(args.out))
@@ -113,10 +143,14 @@ def train_main(args: argparse.Namespace) -> int:
     bpb, count = validation_bpb(model, tokenizer, data.corpus_dir() / "validation.jsonl")
     stats = data.corpus_stats()
     unigram = stats["tokenizers"][str(configs.SIZES[args.size].vocab)]["token_unigram_bpb"]
-    print(f"\ntrained {name} for {args.steps} steps in {seconds / 60:.1f} min; checkpoints in {args.out}/checkpoint, "
-          f"the model in {args.out}/model.pt")  # fmt: skip
-    print(f"validation ({', '.join(stats['validation_works'])}; {count:,} bytes): {bpb:.3f} bits per byte; "
-          f"unigram baselines: tokens {unigram:.3f}, bytes {stats['byte_unigram_bpb']:.3f}")  # fmt: skip
+    print(
+        f"\ntrained {name} for {args.steps} steps in {seconds / 60:.1f} min; checkpoints in {args.out}/checkpoint, "
+        f"the model in {args.out}/model.pt"
+    )
+    print(
+        f"validation ({', '.join(stats['validation_works'])}; {count:,} bytes): {bpb:.3f} bits per byte; "
+        f"unigram baselines: tokens {unigram:.3f}, bytes {stats['byte_unigram_bpb']:.3f}"
+    )
     print("\nsample:\n" + sample(model, tokenizer, "ROMEO.\n"))
     return 0 if bpb < unigram else 1
 

@@ -27,16 +27,27 @@ class WindowDataLoader(BaseDataLoader):
         seed: int = 0
         infinite: bool = True  # False: one pass over the windows (the remainder short of a global batch skipped)
 
-    def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, tokenizer, seq_len: int,
-                 local_batch_size: int, snapshot_every_n_steps: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int = 1,
+    ):
         path, load, text_of = _validate_dataset(config.dataset.lower(), config.dataset_path)
         stream: list[int] = []
         for sample in load(path):
             stream.extend(tokenizer.encode(text_of(sample), add_bos=True, add_eos=True))
         windows = (len(stream) - 1) // seq_len
         if windows < local_batch_size * dp_world_size:
-            raise ValueError(f"dataset {config.dataset!r}: {len(stream)} tokens make {windows} windows of seq_len "
-                             f"{seq_len}, fewer than one global batch ({local_batch_size} × {dp_world_size} ranks)")  # fmt: skip
+            raise ValueError(
+                f"dataset {config.dataset!r}: {len(stream)} tokens make {windows} windows of seq_len "
+                f"{seq_len}, fewer than one global batch ({local_batch_size} × {dp_world_size} ranks)"
+            )
         if tokenizer.bos_id is None:
             raise ValueError("the tokenizer has no bos_token (tokenizer_config.json): documents cannot be delimited")
         self.tokens = torch.tensor(stream[: windows * seq_len + 1], dtype=torch.long)
@@ -51,8 +62,12 @@ class WindowDataLoader(BaseDataLoader):
             epoch, call = divmod(self.calls, self.calls_per_epoch)
             order = torch.randperm(self.windows, generator=torch.Generator().manual_seed(self.config.seed + epoch))
             first = (call * self.ranks + self.rank) * self.batch
-            rows = torch.stack([self.tokens[s : s + self.seq_len + 1] for s in (order[first : first + self.batch]
-                                                                                * self.seq_len).tolist()])  # fmt: skip
+            rows = torch.stack(
+                [
+                    self.tokens[s : s + self.seq_len + 1]
+                    for s in (order[first : first + self.batch] * self.seq_len).tolist()
+                ]
+            )
             inputs, labels = rows[:, :-1], rows[:, 1:].clone()
             labels[labels == self.bos] = IGNORE_INDEX
             self.calls += 1

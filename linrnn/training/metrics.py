@@ -54,9 +54,15 @@ class LinrnnMetrics(MetricsProcessor):
                 extra[f"gates/layer{i}/{name}"] = float(value)
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
         computed = self.logger.last
-        record = {"step": step, "loss": global_avg_loss, "bpb": bpb, "grad_norm": float(grad_norm),
-                  "tokens_per_s": computed.get("throughput(tps)"), "tflops": computed.get("tflops"),
-                  "mfu": None if self.on_cpu else computed.get("mfu(%)")}  # fmt: skip
+        record = {
+            "step": step,
+            "loss": global_avg_loss,
+            "bpb": bpb,
+            "grad_norm": float(grad_norm),
+            "tokens_per_s": computed.get("throughput(tps)"),
+            "tflops": computed.get("tflops"),
+            "mfu": None if self.on_cpu else computed.get("mfu(%)"),
+        }
         record.update({k: v for k, v in computed.items() if k.startswith(("lr/", "gates/"))})
         self._write(record)
         gates = [f"β {extra[f'gates/layer{i}/beta']:.2f}" for i in range(64) if f"gates/layer{i}/beta" in extra]

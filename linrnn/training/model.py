@@ -46,8 +46,10 @@ class TitanLanguageModel(BaseModel):
             vocab = self.model_config().vocab_size
             tokens = tokenizer_vocab_size(config.hf_assets_path)
             if tokens > vocab:
-                raise ValueError(f"the tokenizer in {config.hf_assets_path} has {tokens} tokens, more than the "
-                                 f"model's vocab_size {vocab}; use a tokenizer of at most {vocab} tokens")  # fmt: skip
+                raise ValueError(
+                    f"the tokenizer in {config.hf_assets_path} has {tokens} tokens, more than the "
+                    f"model's vocab_size {vocab}; use a tokenizer of at most {vocab} tokens"
+                )
             if config.debug.seed is not None:
                 self.seed = config.debug.seed
 
@@ -75,9 +77,12 @@ class TitanLanguageModel(BaseModel):
         with torch.device("cpu"):
             source = LanguageModel(cfg.model_config())
         self.applied = parametrizations.apply(
-            source, cfg.parametrization, base_width=cfg.base_width, optimizer=cfg.optimizer,
+            source,
+            cfg.parametrization,
+            base_width=cfg.base_width,
+            optimizer=cfg.optimizer,
             readout_zero_init=cfg.readout_zero_init,
-        )  # fmt: skip
+        )
         # the multipliers apply lives in the configs
         self.model.config.logit_multiplier = source.config.logit_multiplier
         for layer, source_layer in zip(self.model.layers, source.layers, strict=True):
@@ -102,33 +107,44 @@ def flops_per_token(config: ModelConfig, chunk_size: int = 64) -> int:
     with torch.device("meta"):
         model = LanguageModel(config)
     mixer = model.layers[0].mixer
-    matrices = model.num_parameters(exclude_embeddings=True) + (config.hidden_size * config.vocab_size
-                                                               if config.tie_embeddings else 0)  # fmt: skip
+    matrices = model.num_parameters(exclude_embeddings=True) + (
+        config.hidden_size * config.vocab_size if config.tie_embeddings else 0
+    )
     k, v, heads = mixer.head_k_dim, mixer.head_v_dim, mixer.num_heads
     recurrence = config.num_layers * heads * (chunk_size * (k + v) / 2 + 2 * k * v)
     return int(6 * matrices + 6 * recurrence)
 
 
-def parallelize(model: TitanLanguageModel, *, parallel_dims, training, parallelism, compile_config, ac_config,
-                dump_folder) -> TitanLanguageModel:  # fmt: skip
+def parallelize(
+    model: TitanLanguageModel, *, parallel_dims, training, parallelism, compile_config, ac_config, dump_folder
+) -> TitanLanguageModel:
     """FSDP over the data-parallel ranks: one unit per block plus the root (embedding, final norm, readout)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from torchtitan.config import TORCH_DTYPE_MAP
     from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
 
-    unsupported = [name for name, degree in (("tensor", parallelism.tensor_parallel_degree),
-                                             ("pipeline", parallelism.pipeline_parallel_degree),
-                                             ("context", parallelism.context_parallel_degree)) if degree > 1]  # fmt: skip
+    unsupported = [
+        name
+        for name, degree in (
+            ("tensor", parallelism.tensor_parallel_degree),
+            ("pipeline", parallelism.pipeline_parallel_degree),
+            ("context", parallelism.context_parallel_degree),
+        )
+        if degree > 1
+    ]
     if unsupported:
-        raise ValueError(f"linrnn models support data parallelism (FSDP) only; got {', '.join(unsupported)} parallelism "
-                         "degree > 1")  # fmt: skip
+        raise ValueError(
+            f"linrnn models support data parallelism (FSDP) only; got {', '.join(unsupported)} parallelism degree > 1"
+        )
     if compile_config.enable and "model" in compile_config.components:
         for block in model.model.layers:
             block.compile(backend=compile_config.backend)  # in place: parameter names stay
     mesh = parallel_dims.get_mesh("fsdp")
-    policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
-                                  reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
-                                  cast_forward_inputs=False)  # fmt: skip
+    policy = MixedPrecisionPolicy(
+        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+        cast_forward_inputs=False,
+    )
     for block in model.model.layers:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)

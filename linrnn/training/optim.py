@@ -35,8 +35,10 @@ class ParametrizedOptimizers(OptimizersContainer):
             raise RuntimeError("the model's init_weights did not run before the optimizer was built")
         expected = "adamw" if config.name == "AdamW" else "sgd"
         if applied.optimizer != expected:
-            raise ValueError(f"the model was parametrized for {applied.optimizer!r} but --optimizer.name is "
-                             f"{config.name!r}; choose a config built for {config.name}")  # fmt: skip
+            raise ValueError(
+                f"the model was parametrized for {applied.optimizer!r} but --optimizer.name is "
+                f"{config.name!r}; choose a config built for {config.name}"
+            )
         if config.name == "AdamW":
             options = {"betas": tuple(config.betas), "eps": config.eps}
         else:
@@ -45,7 +47,9 @@ class ParametrizedOptimizers(OptimizersContainer):
         for group in applied.param_groups(config.lr, config.weight_decay):
             names = "|".join(re.escape(f"model.{name}") for name in group["names"])
             kwargs = {"lr": group["lr"], "weight_decay": group["weight_decay"], **options}
-            groups.append(ParamGroupConfig(pattern=f"^(?:{names})$", optimizer_name=config.name, optimizer_kwargs=kwargs))
+            groups.append(
+                ParamGroupConfig(pattern=f"^(?:{names})$", optimizer_name=config.name, optimizer_kwargs=kwargs)
+            )
         super().__init__(replace(config, param_groups=groups), model_parts=model_parts)
 
     @staticmethod

@@ -46,8 +46,15 @@ def train(tmp_path: Path, name: str, *flags: str, processes: int = 1, run: str =
     out = tmp_path / run
     launcher = [sys.executable, "-m", "linrnn.train"]
     if processes > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
-                    f"--master_port={free_port()}", "-m", "linrnn.train"]  # fmt: skip
+        launcher = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={processes}",
+            f"--master_port={free_port()}",
+            "-m",
+            "linrnn.train",
+        ]
     command = [*launcher, "--config", name, "--dump_folder", str(out), *SMALL, *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2])}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
@@ -61,8 +68,9 @@ def losses(records: list[dict]) -> dict[int, float]:
 
 @pytest.mark.parametrize("config", ["gdn_tiny_sp", "gammanet_tiny_gdnmup"])
 def test_two_process_gloo_run(corpus, tmp_path, config):
-    records = train(tmp_path, config, "--training.steps", "3", "--checkpoint.no-enable", "--validator.steps", "2",
-                    processes=2)
+    records = train(
+        tmp_path, config, "--training.steps", "3", "--checkpoint.no-enable", "--validator.steps", "2", processes=2
+    )
     train_losses = losses(records)
     assert sorted(train_losses) == [1, 2, 3] and all(math.isfinite(v) for v in train_losses.values())
     assert train_losses[3] < train_losses[1]
@@ -95,12 +103,22 @@ def test_loss_falls_on_one_repeated_batch(corpus, tmp_path):
     text = json.loads((corpus / "shakespeare" / "validation.jsonl").read_text().splitlines()[0])["text"]
     wanted = 2 * 64 - 1  # <s> + tokens + </s> gives len + 1 inputs
     ids = tokenizer.encode(text).ids
-    document = next(d for n in range(wanted, wanted - 20, -1)
-                    if len(tokenizer.encode(d := tokenizer.decode(ids[:n])).ids) == wanted)  # fmt: skip
+    document = next(
+        d for n in range(wanted, wanted - 20, -1) if len(tokenizer.encode(d := tokenizer.decode(ids[:n])).ids) == wanted
+    )
     (tmp_path / "one.jsonl").write_text(json.dumps({"text": document}) + "\n")
-    records = train(tmp_path, "gdn_tiny_sp", "--training.steps", "50", "--dataloader.dataset", "files",
-                    "--dataloader.dataset_path", str(tmp_path / "one.jsonl"), "--checkpoint.no-enable",
-                    "--validator.no-enable")  # fmt: skip
+    records = train(
+        tmp_path,
+        "gdn_tiny_sp",
+        "--training.steps",
+        "50",
+        "--dataloader.dataset",
+        "files",
+        "--dataloader.dataset_path",
+        str(tmp_path / "one.jsonl"),
+        "--checkpoint.no-enable",
+        "--validator.no-enable",
+    )
     curve = losses(records)
     assert len(curve) == 50
     assert curve[50] < 0.5 * curve[1], curve
@@ -156,8 +174,14 @@ def test_window_loader_batches_do_not_depend_on_the_rank_split(corpus, tmp_path)
     config = WindowDataLoader.Config(dataset="files", dataset_path=str(docs), seed=5)
 
     def batches(ranks, batch, calls):
-        loaders = [iter(WindowDataLoader(config, dp_world_size=ranks, dp_rank=r, tokenizer=CharTokenizer(), seq_len=8,
-                                         local_batch_size=batch)) for r in range(ranks)]  # fmt: skip
+        loaders = [
+            iter(
+                WindowDataLoader(
+                    config, dp_world_size=ranks, dp_rank=r, tokenizer=CharTokenizer(), seq_len=8, local_batch_size=batch
+                )
+            )
+            for r in range(ranks)
+        ]
         return [[next(loader) for loader in loaders] for _ in range(calls)]
 
     one = batches(1, 4, calls=6)
