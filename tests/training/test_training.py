@@ -207,3 +207,21 @@ def test_flops_per_token_counts_the_matrices():
         params = linrnn.build_model("gdn", "340m").num_parameters(exclude_embeddings=True)
     readout = config.hidden_size * config.vocab_size
     assert 6 * (params + readout) < flops < 1.2 * 6 * (params + readout)
+
+
+def test_local_text_and_parquet_files(tmp_path):
+    from linrnn.training import data
+
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("first document\nwith two lines")
+    (folder / "b.txt").write_text("second document")
+    texts = sorted(data.load_text_files(str(folder))["text"])
+    assert texts == ["first document\nwith two lines", "second document"]  # one document per file
+    import datasets
+
+    datasets.Dataset.from_dict({"text": ["x y z", "w"]}).to_parquet(str(tmp_path / "d.parquet"))
+    assert data.load_text_files(str(tmp_path / "*.parquet"))["text"] == ["x y z", "w"]
+    (folder / "c.jsonl").write_text('{"text": "mixed"}\n')
+    with pytest.raises(ValueError, match="files of one kind"):
+        data.load_text_files(str(folder))
