@@ -17,7 +17,7 @@ resume, and validation in bits per byte on the whole held-out set. CLI flags ove
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,57 +42,26 @@ PARAMETRIZATIONS = {"sp": "sp", "mup": "mup", "gdnmup": "gdn-mup"}
 
 @dataclass(frozen=True)
 class Size:
-    preset: str
-    overrides: dict[str, Any]
+    preset: str  # linrnn.models preset
     vocab: int  # the embedded corpus's tokenizer
     seq_len: int
-    batch: int
-    base_width: int
+    batch: int  # per rank
     lr: float
-    steps: int
-    checkpoint_interval: int
+    overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields over the preset
+    base_width: int = 256
+    steps: int = 2000
+    checkpoint_interval: int = 500
 
 
+TINY = {"vocab_size": 4096, "hidden_size": 128, "num_layers": 4, "intermediate_size": 512}
 SIZES = {
-    "tiny": Size(
-        "tiny",
-        dict(vocab_size=4096, hidden_size=128, num_layers=4, intermediate_size=512),
-        4096,
-        seq_len=256,
-        batch=16,
-        base_width=64,
-        lr=3e-3,
-        steps=300,
-        checkpoint_interval=100,
-    ),
+    "tiny": Size("tiny", 4096, 256, 16, 3e-3, TINY, base_width=64, steps=300, checkpoint_interval=100),
     **{
-        f"paper{w}": Size(
-            f"paper-{w}",
-            dict(vocab_size=4096),
-            4096,
-            seq_len=512,
-            batch=16,
-            base_width=256,
-            lr=3e-3,
-            steps=2000,
-            checkpoint_interval=500,
-        )
+        f"paper{w}": Size(f"paper-{w}", 4096, 512, 16, 3e-3, {"vocab_size": 4096})
         for w in (256, 384, 512, 768, 1024, 1536)
     },
-    "340m": Size(
-        "340m", {}, 32000, seq_len=4096, batch=4, base_width=256, lr=1e-3, steps=2000, checkpoint_interval=500
-    ),
-    "1.3b": Size(
-        "1.3b",
-        dict(checkpoint_activations=True),
-        32000,
-        seq_len=4096,
-        batch=4,
-        base_width=256,
-        lr=6e-4,
-        steps=2000,
-        checkpoint_interval=500,
-    ),
+    "340m": Size("340m", 32000, 4096, 4, 1e-3),
+    "1.3b": Size("1.3b", 32000, 4096, 4, 6e-4, {"checkpoint_activations": True}),
 }
 
 
