@@ -49,9 +49,12 @@ class LinrnnMetrics(MetricsProcessor):
         bpb = self._bpb(global_avg_loss)
         if bpb is not None:
             extra["loss_metrics/bpb"] = bpb
+        betas = []
         for i, mixer in enumerate(self._mixers()):
             for name, value in mixer.gate_stats.items():
                 extra[f"gates/layer{i}/{name}"] = float(value)
+            if "beta" in mixer.gate_stats:
+                betas.append(f"{float(mixer.gate_stats['beta']):.2f}")
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
         computed = self.logger.last
         record = {
@@ -65,9 +68,8 @@ class LinrnnMetrics(MetricsProcessor):
         }
         record.update({k: v for k, v in computed.items() if k.startswith(("lr/", "gates/"))})
         self._write(record)
-        gates = [f"β {extra[f'gates/layer{i}/beta']:.2f}" for i in range(64) if f"gates/layer{i}/beta" in extra]
         if bpb is not None:
-            logger.info(f"step {step}: bpb {bpb:.4f}" + (f", mean β per layer {' '.join(gates)}" if gates else ""))
+            logger.info(f"step {step}: bpb {bpb:.4f}" + (f", mean β per layer {' '.join(betas)}" if betas else ""))
 
     def log_validation(self, loss, step, extra_metrics=None):
         extra = dict(extra_metrics or {})

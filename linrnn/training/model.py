@@ -8,7 +8,6 @@ its shard, so a run starts from the same weights on any number of GPUs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,7 +153,3 @@ def parallelize(
             if isinstance(module, FSDPModule):
                 module.set_force_sum_reduction_for_comms(True)
     return model
-
-
-def bits_per_byte(loss_nats: float, bytes_per_token: float) -> float:
-    return loss_nats / math.log(2) / bytes_per_token
