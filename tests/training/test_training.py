@@ -225,3 +225,29 @@ def test_local_text_and_parquet_files(tmp_path):
     (folder / "c.jsonl").write_text('{"text": "mixed"}\n')
     with pytest.raises(ValueError, match="files of one kind"):
         data.load_text_files(str(folder))
+
+
+def test_parametrization_reaches_the_torchtitan_model_and_optimizer(corpus):
+    """init_weights applies the parametrization (init, multipliers); the optimizer's groups carry its lrs."""
+    from linrnn.training import compat
+
+    compat.install()
+    from linrnn.training import configs
+    from linrnn.training.model import TitanLanguageModel
+    from linrnn.training.optim import ParametrizedOptimizers
+
+    config = configs.build("gated_deltanet", "tiny", "gdn-mup", optimizer="SGD")
+    spec = config.model_spec.model
+    model = TitanLanguageModel(spec)
+    model.init_weights()
+    assert model.model.config.logit_multiplier == pytest.approx(64 / 128)  # base width 64, width 128
+    assert model.model.layers[0].mixer.config.output_multiplier == pytest.approx(2.0)  # d_k / d_k0
+    optimizer = ParametrizedOptimizers(ParametrizedOptimizers.Config(name="SGD", lr=0.1), model_parts=[model])
+    lrs = {name: group["lr"] for opt in optimizer.optimizers for group in opt.param_groups
+           for name in group["param_names"]}  # fmt: skip
+    expected = model.applied.lr_multipliers()
+    assert lrs["model.layers.0.mixer.b_proj.weight"] == pytest.approx(0.1 * 2**-0.5)  # W_β: m_in^-1/2
+    assert lrs["model.layers.0.mixer.A_log"] == pytest.approx(0.1 * 2**0.5)  # gate scalar: m^1/2
+    assert lrs == {f"model.{name}": pytest.approx(0.1 * multiplier) for name, multiplier in expected.items()}
+    with pytest.raises(ValueError, match="parametrized for 'sgd' but --optimizer.name is 'AdamW'"):
+        ParametrizedOptimizers(ParametrizedOptimizers.Config(name="AdamW"), model_parts=[model])
