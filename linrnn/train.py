@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["--module", MODULE, *argv]
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)  # a single process without torchrun
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     import torchtitan.train
 
     sys.argv = [sys.argv[0], *argv]
@@ -56,7 +56,7 @@ def _option(argv: list[str], flag: str) -> str | None:
     return None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:

@@ -52,7 +52,8 @@ def tokenizer_dir(vocab_size: int) -> Path:
 
 
 def prepare(vocab_sizes=VOCAB_SIZES, force: bool = False, log=print) -> Path:
-    """Prepares the embedded corpus once (a file lock keeps concurrent ranks from racing); returns its folder."""
+    """Prepares the embedded corpus once, and each tokenizer in ``vocab_sizes`` once (a file lock keeps
+    concurrent ranks from racing); returns its folder."""
     root = corpus_dir()
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
@@ -60,33 +61,46 @@ def prepare(vocab_sizes=VOCAB_SIZES, force: bool = False, log=print) -> Path:
         ready = root / "stats.json"
         if ready.exists() and not force:
             stats = json.loads(ready.read_text())
-            if all(str(v) in stats["tokenizers"] for v in vocab_sizes):
-                return root
-        works = _download_works(log)
-        held_out = set(sorted(works)[5::10])
-        train = _passages({n: t for n, t in works.items() if n not in held_out}, shuffle_seed=0)
-        validation = _passages({n: works[n] for n in sorted(held_out)}, shuffle_seed=None)
-        for name, docs in (("train", train), ("validation", validation)):
-            with open(root / f"{name}.jsonl", "w") as f:
-                for work, text in docs:
-                    f.write(json.dumps({"text": text, "work": work}) + "\n")
-        stats = {
-            "corpus": CORPUS_PACKAGE,
-            "validation_works": sorted(held_out),
-            "train_documents": len(train),
-            "validation_documents": len(validation),
-            "train_bytes": sum(len(t.encode()) for _, t in train),
-            "validation_bytes": sum(len(t.encode()) for _, t in validation),
-            "byte_unigram_bpb": _byte_unigram_bits(train, validation),
-            "tokenizers": {},
-        }
-        for vocab_size in vocab_sizes:
+            train, validation = _read_split("train"), _read_split("validation")
+        else:
+            stats, train, validation = _split_corpus(root, log)
+        missing = [v for v in vocab_sizes if str(v) not in stats["tokenizers"]]
+        for vocab_size in missing:
             log(f"training a {vocab_size}-token byte-level BPE tokenizer on {stats['train_bytes'] / 1e6:.1f} MB")
             tokenizer = _train_tokenizer([t for _, t in train], vocab_size, tokenizer_dir(vocab_size))
             stats["tokenizers"][str(vocab_size)] = _token_stats(tokenizer, train, validation)
-        ready.write_text(json.dumps(stats, indent=1))
-        log(f"prepared {root}: {len(train)} train and {len(validation)} validation passages")
+        if missing or not ready.exists() or force:
+            ready.write_text(json.dumps(stats, indent=1))
+            log(f"prepared {root}: {len(train)} train and {len(validation)} validation passages")
         return root
+
+
+def _split_corpus(root: Path, log) -> tuple[dict, list, list]:
+    """Downloads the works, writes ``train.jsonl`` / ``validation.jsonl``; returns (stats, train, validation)."""
+    works = _download_works(log)
+    held_out = set(sorted(works)[5::10])
+    train = _passages({n: t for n, t in works.items() if n not in held_out}, shuffle_seed=0)
+    validation = _passages({n: works[n] for n in sorted(held_out)}, shuffle_seed=None)
+    for name, docs in (("train", train), ("validation", validation)):
+        with open(root / f"{name}.jsonl", "w") as f:
+            for work, text in docs:
+                f.write(json.dumps({"text": text, "work": work}) + "\n")
+    stats = {
+        "corpus": CORPUS_PACKAGE,
+        "validation_works": sorted(held_out),
+        "train_documents": len(train),
+        "validation_documents": len(validation),
+        "train_bytes": sum(len(t.encode()) for _, t in train),
+        "validation_bytes": sum(len(t.encode()) for _, t in validation),
+        "byte_unigram_bpb": _byte_unigram_bits(train, validation),
+        "tokenizers": {},
+    }
+    return stats, train, validation
+
+
+def _read_split(name: str) -> list[tuple[str, str]]:
+    lines = (corpus_dir() / f"{name}.jsonl").read_text().splitlines()
+    return [(record["work"], record["text"]) for record in map(json.loads, lines)]
 
 
 def tokenizer_vocab_size(folder: str) -> int:
@@ -249,20 +263,19 @@ def register_datasets() -> None:
 
     def corpus(split: str):
         def load(path: str):
-            prepare()
+            prepare(vocab_sizes=())  # the texts; the run's tokenizer was prepared with its config
             return load_dataset("json", data_files=path or str(corpus_dir() / f"{split}.jsonl"), split="train")
 
         return load
 
-    text = _text_column
-    DATASETS["shakespeare"] = DatasetConfig(path="", loader=corpus("train"), sample_processor=text)
-    DATASETS["shakespeare_validation"] = DatasetConfig(path="", loader=corpus("validation"), sample_processor=text)
-    DATASETS["files"] = DatasetConfig(path="", loader=_require_path("files", load_text_files), sample_processor=text)
-    DATASETS["hub"] = DatasetConfig(
-        path="",
-        loader=_require_path("hub", lambda p: load_dataset(p, split="train")),
-        sample_processor=text,
-    )
+    loaders = {
+        "shakespeare": corpus("train"),
+        "shakespeare_validation": corpus("validation"),
+        "files": _require_path("files", load_text_files),
+        "hub": _require_path("hub", lambda p: load_dataset(p, split="train")),
+    }
+    for name, loader in loaders.items():
+        DATASETS[name] = DatasetConfig(path="", loader=loader, sample_processor=_text_column)
 
 
 def _text_column(sample: dict) -> str:

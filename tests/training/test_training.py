@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from linrnn import train as entry
 
 pytest.importorskip("torchtitan")
 
@@ -35,12 +36,6 @@ def corpus(tmp_path_factory):
         os.environ["LINRNN_DATA"] = previous
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def train(tmp_path: Path, name: str, *flags: str, processes: int = 1, run: str = "run") -> list[dict]:
     """Runs ``linrnn.train`` (under torchrun for several processes); returns the metrics.jsonl records."""
     out = tmp_path / run
@@ -51,7 +46,7 @@ def train(tmp_path: Path, name: str, *flags: str, processes: int = 1, run: str =
             "-m",
             "torch.distributed.run",
             f"--nproc_per_node={processes}",
-            f"--master_port={free_port()}",
+            f"--master_port={entry.free_port()}",
             "-m",
             "linrnn.train",
         ]
@@ -125,7 +120,6 @@ def test_loss_falls_on_one_repeated_batch(corpus, tmp_path):
 
 
 def test_configs_and_errors(corpus, tmp_path):
-    from linrnn import train as entry
     from linrnn.training import compat
 
     compat.install()
