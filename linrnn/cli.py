@@ -1,5 +1,5 @@
 """The ``linrnn`` command: ``linrnn demo``, ``linrnn cells``, ``linrnn presets``, ``linrnn stability``,
-``linrnn coord-check``."""
+``linrnn coord-check``, ``linrnn train``, ``linrnn sweep``, ``linrnn data prepare``."""
 
 from __future__ import annotations
 
@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     coord_parser.set_defaults(command=coord_check.run)
 
     from linrnn.training import evaluate as training
+    from linrnn.training import sweep
+
+    sweep_parser = commands.add_parser(
+        "sweep", help="learning-rate transfer: short runs over widths × lrs × parametrizations × optimizers"
+    )
+    sweep.add_arguments(sweep_parser)
+    sweep_parser.set_defaults(command=sweep.run)
 
     train_parser = commands.add_parser(
         "train", help="prepare the embedded corpus, train through torchtitan, report validation bpb and a sample"

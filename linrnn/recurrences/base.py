@@ -128,7 +128,8 @@ class ShortConv(nn.Module):
             for lag in range(1, width):
                 hit = documents.crossing(lag)
                 reached = padded.index_select(-1, hit + (width - 1 - lag))  # x[t − lag] for the hit tokens t
-                y = y.index_add(-1, hit, reached * self.weight[:, :, width - 1 - lag], alpha=-1)
+                taps = (reached * self.weight[:, :, width - 1 - lag]).to(y.dtype)  # autocast: y is bf16
+                y = y.index_add(-1, hit, taps, alpha=-1)
         return rearrange(F.silu(y), "b c t -> b t c"), padded[..., padded.shape[-1] - (width - 1) :]
 
 
@@ -261,8 +262,9 @@ class LinearRNNMixer(nn.Module):
                 at = position if documents is None else documents.positions
                 streams[name] = apply_rope(streams[name], at, config.rope_theta)
         q, k, v = streams.pop("q"), streams.pop("k"), streams.pop("v")
-        q, k = F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)
-        extra = {name: F.normalize(h, dim=-1, eps=1e-6) for name, h in streams.items()}
+        # under autocast the norms come out in fp32 and v in bf16: the recurrence runs in v's dtype
+        q, k = (F.normalize(h, dim=-1, eps=1e-6).to(v.dtype) for h in (q, k))
+        extra = {name: F.normalize(h, dim=-1, eps=1e-6).to(v.dtype) for name, h in streams.items()}
         return q, k, v, extra, new_history
 
     def forward(self, x: Tensor, state: MixerState | None = None, output_state: bool = False,

@@ -50,6 +50,39 @@ def test_packed_equals_separate_documents(cell, backend):
         torch.testing.assert_close(packed[name], grad, rtol=1e-9, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.parametrize("cell", CELLS)
+def test_packed_documents_under_bf16_autocast(cell):
+    """The short conv's crossing-tap correction keeps autocast's dtype (it raised a dtype mismatch in bf16)."""
+    torch.manual_seed(0)
+    model = linrnn.build_model(cell, backend="torch", chunk_size=4)
+    _, ids, positions = packed_batch(seed=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(ids, positions=positions)
+    logits.float().sum().backward()
+    reference = model(ids, positions=positions)
+    assert torch.isfinite(logits.float()).all()
+    assert (logits.float() - reference).abs().max() < 0.05 * reference.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", CELLS)
+def test_bf16_autocast_on_the_triton_kernels(cell):
+    """Under CUDA autocast the norms give fp32 q, k and the projections bf16 v; the mixer runs the kernels in
+    v's dtype (they refused mixed dtypes), forward and backward, packed or not."""
+    torch.manual_seed(0)
+    model = linrnn.build_model(cell, backend="auto").cuda()
+    _, ids, positions = packed_batch(seed=1)
+    ids, positions = ids.cuda(), positions.cuda()
+    reference = model(ids, positions=positions)
+    for at in (positions, None):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids, positions=at)
+        logits.float().sum().backward()
+        assert torch.isfinite(logits.float()).all()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert (logits.float() - model(ids)).abs().max() < 0.05 * reference.abs().max()
+
+
 def test_positions_that_never_restart_equal_the_plain_forward():
     torch.manual_seed(0)
     model = linrnn.build_model("gdn").double()

@@ -20,22 +20,6 @@ pytest.importorskip("torchtitan")
 SMALL = ["--training.local_batch_size", "2", "--training.seq_len", "64", "--metrics.log_freq", "1"]
 
 
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory):
-    """LINRNN_DATA pointing at a prepared corpus (4096-token tokenizer only), for this process and subprocesses."""
-    from linrnn.training import data
-
-    root = os.environ.get("LINRNN_TEST_DATA") or str(tmp_path_factory.mktemp("linrnn-data"))
-    previous = os.environ.get("LINRNN_DATA")
-    os.environ["LINRNN_DATA"] = root
-    data.prepare(vocab_sizes=(4096,), log=lambda message: None)
-    yield Path(root)
-    if previous is None:
-        os.environ.pop("LINRNN_DATA")
-    else:
-        os.environ["LINRNN_DATA"] = previous
-
-
 def train(tmp_path: Path, name: str, *flags: str, processes: int = 1, run: str = "run") -> list[dict]:
     """Runs ``linrnn.train`` (under torchrun for several processes); returns the metrics.jsonl records."""
     out = tmp_path / run

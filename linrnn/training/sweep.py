@@ -1,0 +1,609 @@
+"""Learning-rate transfer sweeps: a grid of short training runs over cells × optimizers × parametrizations ×
+widths × learning rates on the embedded corpus, one row per run in a JSON-lines table, resumable.
+
+Each run uses the training stack of ``linrnn.train`` without torchtitan's ``Trainer`` around it (whose start-up
+would cost more than a small run): the model is ``TitanLanguageModel`` initialised by its ``init_weights`` (the
+parametrization applied on the CPU from the run seed), the optimizer is ``ParametrizedOptimizers`` (the
+parametrization's per-role learning rates), the schedule is torchtitan's warmup + cosine, the batches come from
+``WindowDataLoader`` (packed documents with positions) and validation runs over the whole held-out set. Steps
+are: bf16 autocast on CUDA, fp32 on CPU; cross-entropy over the non-ignored targets; gradient clipping; a step.
+
+At the base width every parametrization is the same model (``parametrizations.apply``), so a grid point there
+is trained once and its row is written for each parametrization (``shared`` names the one that ran).
+
+Several worker processes can share one GPU (``workers``): small widths are bound by the host's kernel launches,
+so the GPU takes several runs at once. Only the main process writes the table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import queue
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from linrnn.recurrences.registry import canonical_name
+
+OPTIMIZER_NAMES = {"adamw": "AdamW", "sgd": "SGD"}
+PARAMETRIZATIONS = ("sp", "mup", "gdn-mup")
+
+
+class SweepConfig(BaseModel):
+    """The grid and the training settings shared by every run of a sweep. Defaults: seed 000's GDN family (8
+    layers, 6 heads, key/value widths 0.75/1.5 × width, MLP 4 × width) at widths 128 to 1024, 7 log-spaced
+    learning rates per optimizer over seed 000's ranges, a 4096-token vocabulary with an untied readout that
+    starts at zero (Tensor Programs V), 10% linear warmup then cosine decay, gradient clipping at 1."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cells: list[str] = ["gated_deltanet"]
+    optimizers: list[Literal["adamw", "sgd"]] = ["adamw", "sgd"]
+    parametrizations: list[str] = list(PARAMETRIZATIONS)
+    widths: list[int] = [128, 256, 512, 1024]
+    base_width: int | None = Field(None, description="default: the smallest width")
+    lrs: dict[str, list[float]] = Field(
+        default_factory=lambda: {"adamw": log_grid(1e-3, 3e-2, 7), "sgd": log_grid(0.1, 1.0, 7)},
+        description="learning rates per optimizer (the base value; the parametrization scales each role's)",
+    )
+    num_layers: int = Field(8, gt=0)
+    num_heads: int = Field(6, gt=0)
+    vocab_size: int = 4096  # the embedded corpus's tokenizer
+    seq_len: int = Field(512, gt=0)
+    batch_size: int = Field(32, gt=0)
+    steps: int = Field(100, gt=0)
+    warmup_fraction: float = Field(0.1, ge=0, lt=1)
+    min_lr_factor: float = Field(0.01, ge=0, le=1, description="cosine decays to lr × this")
+    weight_decay: dict[str, float] = Field(default_factory=lambda: {"adamw": 0.1, "sgd": 0.0})
+    betas: tuple[float, float] = (0.9, 0.95)
+    momentum: float = 0.98  # SGD, Nesterov (seed 000 §6)
+    max_norm: float = Field(1.0, gt=0)
+    readout_zero_init: bool = True
+    validation_batches: int | None = Field(None, gt=0, description="default: the whole held-out set")
+    seed: int = 0
+
+    @field_validator("cells")
+    @classmethod
+    def _cells(cls, cells: list[str]) -> list[str]:
+        return [canonical_name(cell) for cell in cells]
+
+    @field_validator("parametrizations")
+    @classmethod
+    def _parametrizations(cls, names: list[str]) -> list[str]:
+        from linrnn import parametrizations
+
+        return [parametrizations.get(name).name for name in names]
+
+    @model_validator(mode="after")
+    def _grid(self) -> SweepConfig:
+        for optimizer in self.optimizers:
+            lrs = self.lrs.get(optimizer)
+            if not lrs:
+                raise ValueError(f"lrs: no learning rates for optimizer {optimizer!r}; got lrs for {sorted(self.lrs)}")
+            if any(lr <= 0 for lr in lrs) or len({f"{lr:.6g}" for lr in lrs}) != len(lrs):
+                raise ValueError(f"lrs[{optimizer!r}] must be distinct positive numbers (to 6 digits), got {lrs}")
+            if optimizer not in self.weight_decay:
+                raise ValueError(f"weight_decay: no value for optimizer {optimizer!r}")
+        if self.base_width is not None and self.base_width not in self.widths:
+            raise ValueError(f"base_width must be one of the widths {self.widths}, got {self.base_width}")
+        if len(set(self.widths)) != len(self.widths) or any(w < 1 for w in self.widths):
+            raise ValueError(f"widths must be distinct positive integers, got {self.widths}")
+        return self
+
+    @property
+    def base(self) -> int:
+        return self.base_width or min(self.widths)
+
+    @property
+    def tokens_per_run(self) -> int:
+        return self.steps * self.batch_size * self.seq_len
+
+    def settings_hash(self) -> str:
+        """Identifies the training settings (everything but the grid axes), so a table mixes no settings."""
+        settings = self.model_dump(exclude={"cells", "optimizers", "parametrizations", "widths", "lrs"})
+        settings["base_width"] = self.base
+        return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+    def runs(self) -> list[Run]:
+        """Every grid point: cell by cell and optimizer by optimizer (a sweep cut short leaves whole figures),
+        largest width first (so parallel workers end together)."""
+        return [
+            Run(cell=cell, optimizer=optimizer, parametrization=param, width=width, lr=lr)
+            for cell in self.cells
+            for optimizer in self.optimizers
+            for width in sorted(self.widths, reverse=True)
+            for param in self.parametrizations
+            for lr in self.lrs[optimizer]
+        ]
+
+
+class Run(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    cell: str
+    optimizer: str
+    parametrization: str
+    width: int
+    lr: float
+
+    def key(self, settings: str) -> str:
+        return f"{self.cell}/{self.optimizer}/{self.parametrization}/w{self.width}/lr{self.lr:.6g}/{settings}"
+
+    def label(self) -> str:
+        return f"{self.cell} {self.optimizer} {self.parametrization} w{self.width} lr {self.lr:.3g}"
+
+
+def log_grid(low: float, high: float, count: int) -> list[float]:
+    """``count`` log-spaced values from ``low`` to ``high``, rounded to 3 significant digits."""
+    if not (0 < low < high) or count < 2:
+        raise ValueError(f"log_grid needs 0 < low < high and count >= 2, got low={low}, high={high}, count={count}")
+    return [float(f"{value:.3g}") for value in np.geomspace(low, high, count)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the table
+
+
+def read_table(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not a JSON row ({error}); remove or repair the line") from None
+    return rows
+
+
+def append_rows(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as table:
+        for row in rows:
+            table.write(json.dumps(row) + "\n")
+
+
+def pending(config: SweepConfig, table: Path) -> dict[Run, list[Run]]:
+    """Runs to train → the grid points each one's row is written for; grid points already in the table (with
+    the same settings) are left out. Grid points whose parametrizations give the same model and optimizer
+    groups (every parametrization at the base width; muP and GDN-muP under AdamW) are trained once."""
+    settings = config.settings_hash()
+    done = {row["key"] for row in read_table(table)}
+    signatures: dict[Run, str] = {}
+    todo: dict[Run, list[Run]] = {}
+    for run in config.runs():
+        if run.key(settings) in done:
+            continue
+        for param in config.parametrizations:
+            candidate = run.model_copy(update={"parametrization": param})
+            for point in (candidate, run):
+                if point not in signatures:
+                    signatures[point] = training_signature(config, point)
+            if signatures[candidate] == signatures[run]:
+                todo.setdefault(candidate, []).append(run)
+                break
+    return todo
+
+
+def training_signature(config: SweepConfig, run: Run) -> str:
+    """What the parametrization does at this grid point: every parameter's init scale and lr multiplier, the
+    logit and pre-norm multipliers (shapes only: the model is built on the meta device)."""
+    from linrnn import parametrizations
+    from linrnn.models import LanguageModel
+
+    spec = model_spec(config, run)
+    with torch.device("meta"):
+        model = LanguageModel(spec.model_config())
+        applied = parametrizations.apply(
+            model, run.parametrization, base_width=spec.base_width, optimizer=run.optimizer,
+            readout_zero_init=spec.readout_zero_init,
+        )  # fmt: skip
+    rules = sorted((name, rule.init_scale, rule.lr) for name, rule in applied.rules.items())
+    multipliers = [model.config.logit_multiplier, *(layer.mixer.config.output_multiplier for layer in model.layers)]
+    return json.dumps([rules, multipliers])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one run
+
+
+class Corpus:
+    """The training and validation windows of the embedded corpus, tokenized once per process."""
+
+    def __init__(self, config: SweepConfig):
+        from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+        from linrnn.training import data
+        from linrnn.training.loader import WindowDataLoader
+
+        data.register_datasets()
+        data.prepare(vocab_sizes=(config.vocab_size,), log=lambda message: None)
+        tokenizer = HuggingFaceTokenizer(tokenizer_path=str(data.tokenizer_dir(config.vocab_size)))
+        sizes = dict(seq_len=config.seq_len, local_batch_size=config.batch_size, dp_world_size=1, dp_rank=0)
+        self.train = WindowDataLoader(
+            WindowDataLoader.Config(dataset="shakespeare", seed=config.seed), tokenizer=tokenizer, **sizes
+        )
+        self.validation = WindowDataLoader(
+            WindowDataLoader.Config(dataset="shakespeare_validation", infinite=False), tokenizer=tokenizer, **sizes
+        )
+        self.bytes_per_token = data.corpus_stats()["tokenizers"][str(config.vocab_size)]["bytes_per_token"]
+
+    def batches(self, loader) -> Iterator[tuple[dict, torch.Tensor]]:
+        loader.load_state_dict({"calls": 0})  # every run sees the same batches from the start
+        return iter(loader)
+
+
+def model_spec(config: SweepConfig, run: Run):
+    """The ``TitanLanguageModel.Config`` of one grid point: seed 000's family at the run's width."""
+    from linrnn.training.model import TitanLanguageModel
+
+    return TitanLanguageModel.Config(
+        cell=run.cell,
+        preset="tiny",
+        overrides=dict(
+            vocab_size=config.vocab_size,
+            hidden_size=run.width,
+            num_layers=config.num_layers,
+            num_heads=config.num_heads,
+            intermediate_size=4 * run.width,
+            tie_embeddings=not config.readout_zero_init,
+        ),
+        parametrization=run.parametrization,
+        base_width=config.base,
+        optimizer=run.optimizer,
+        readout_zero_init=config.readout_zero_init,
+        seed=config.seed,
+    )
+
+
+def build_model(config: SweepConfig, run: Run, device: torch.device):
+    """``TitanLanguageModel`` at the run's width, initialised as in ``linrnn.train`` (parametrized on the CPU from
+    the seed, then copied to ``device``)."""
+    from linrnn.training.model import TitanLanguageModel
+
+    with torch.device("meta"):
+        model = TitanLanguageModel(model_spec(config, run))
+    model.to_empty(device=device)
+    model.init_weights()
+    return model
+
+
+def train_run(config: SweepConfig, run: Run, corpus: Corpus, device: torch.device, on_step=None) -> dict:
+    """Trains one grid point; returns its table row (without key and shared)."""
+    from torchtitan.components.loss import IGNORE_INDEX
+    from torchtitan.components.optimizer import LRSchedulersContainer
+
+    from linrnn.training.optim import ParametrizedOptimizers
+
+    torch.manual_seed(config.seed)
+    model = build_model(config, run, device)
+    optimizers = ParametrizedOptimizers(
+        ParametrizedOptimizers.Config(
+            name=OPTIMIZER_NAMES[run.optimizer],
+            lr=run.lr,
+            weight_decay=config.weight_decay[run.optimizer],
+            betas=config.betas,
+            momentum=config.momentum if run.optimizer == "sgd" else 0.0,
+            nesterov=run.optimizer == "sgd" and config.momentum > 0,
+            implementation="fused" if device.type == "cuda" else "foreach",
+        ),
+        model_parts=[model],
+    )
+    schedulers = LRSchedulersContainer.Config(
+        warmup_steps=max(1, round(config.warmup_fraction * config.steps)),
+        decay_type="cosine",
+        min_lr_factor=config.min_lr_factor,
+    ).build(optimizers=optimizers, training_steps=config.steps)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    losses, diverged, start = [], False, time.perf_counter()
+    batches = corpus.batches(corpus.train)
+    model.train()
+    for step in range(1, config.steps + 1):
+        inputs, labels = next(batches)
+        with autocast:
+            logits = model(inputs["input"].to(device), positions=inputs["positions"].to(device))
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.to(device).flatten(), ignore_index=IGNORE_INDEX)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_norm, foreach=True)
+        optimizers.step()
+        schedulers.step()
+        optimizers.zero_grad()
+        losses.append(loss.detach())
+        if step % 25 == 0 or step == config.steps:
+            recent = torch.stack(losses[-25:]).float()
+            if not torch.isfinite(recent).all():
+                diverged = True
+                break
+            if on_step is not None:
+                on_step(step, float(recent[-1]))
+    curve = [float(x) for x in torch.stack(losses).float().cpu()]
+    seconds = time.perf_counter() - start
+    validation = None if diverged else validation_loss(model, corpus, device, autocast, config.validation_batches)
+    diverged = diverged or validation is None or not math.isfinite(validation)
+    return {
+        **run.model_dump(),
+        "base_width": config.base,
+        "steps": len(curve),
+        "tokens": len(curve) * config.batch_size * config.seq_len,
+        "train_loss": None if diverged else float(np.mean(curve[-25:])),
+        "val_loss": None if diverged else validation,
+        "val_bpb": None if diverged else validation / math.log(2) / corpus.bytes_per_token,
+        "diverged": diverged,
+        "loss_curve": [round(x, 4) if math.isfinite(x) else None for x in curve[::10]],  # every 10th step
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "seconds": round(seconds, 2),  # training only
+        "tokens_per_second": round(len(curve) * config.batch_size * config.seq_len / seconds),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "settings": config.model_dump(exclude={"cells", "optimizers", "parametrizations", "widths", "lrs"}),
+    }
+
+
+@torch.no_grad()
+def validation_loss(model, corpus: Corpus, device: torch.device, autocast, batches: int | None) -> float:
+    """Mean cross-entropy (nats per target token) over the held-out set (its first ``batches``, or all of it)."""
+    from torchtitan.components.loss import IGNORE_INDEX
+
+    model.eval()
+    nats, targets = torch.zeros((), device=device, dtype=torch.float64), 0
+    for index, (inputs, labels) in enumerate(corpus.batches(corpus.validation)):
+        if batches is not None and index == batches:
+            break
+        with autocast:
+            logits = model(inputs["input"].to(device), positions=inputs["positions"].to(device))
+        labels = labels.to(device).flatten()
+        nats += F.cross_entropy(logits.flatten(0, 1).float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+        targets += int((labels != IGNORE_INDEX).sum())
+    model.train()
+    return float(nats) / targets
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the grid
+
+
+def run_sweep(
+    config: SweepConfig,
+    table: str | Path,
+    *,
+    workers: int = 1,
+    time_limit: float | None = None,
+    device: str | None = None,
+    on_result: Callable[[dict, int, int], None] | None = None,
+) -> int:
+    """Trains every grid point missing from ``table`` and appends its rows; returns the number of runs trained.
+    ``time_limit`` (seconds): no run starts after it (runs in progress finish). ``on_result(row, done, total)``
+    is called after each run."""
+    table = Path(table)
+    todo = pending(config, table)
+    settings = config.settings_hash()
+    deadline = None if time_limit is None else time.monotonic() + time_limit
+    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    results = (
+        _results_in_process(config, list(todo), target, deadline)
+        if workers == 1
+        else _results_in_workers(config, list(todo), target, deadline, workers)
+    )
+    done = 0
+    for run, row in results:
+        rows = []
+        for point in todo[run]:
+            shared = None if point == run else run.parametrization
+            rows.append({**row, "parametrization": point.parametrization, "key": point.key(settings), "shared": shared})
+        append_rows(table, rows)
+        done += 1
+        if on_result is not None:
+            on_result(row, done, len(todo))
+    return done
+
+
+def _results_in_process(config, runs, device, deadline) -> Iterator[tuple[Run, dict]]:
+    corpus = Corpus(config)
+    for run in runs:
+        if deadline is not None and time.monotonic() > deadline:
+            return
+        yield run, train_run(config, run, corpus, device)
+
+
+def _results_in_workers(config, runs, device, deadline, workers) -> Iterator[tuple[Run, dict]]:
+    import torch.multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    tasks, results = context.Queue(), context.Queue()
+    for index in range(len(runs)):
+        tasks.put(index)
+    for _ in range(workers):
+        tasks.put(None)
+    processes = [
+        context.Process(
+            target=_worker,
+            args=(
+                config.model_dump_json(),
+                [r.model_dump() for r in runs],
+                str(device),
+                deadline,
+                workers,
+                tasks,
+                results,
+            ),
+            daemon=True,
+        )  # fmt: skip
+        for _ in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    finished = 0
+    try:
+        while finished < workers:
+            try:
+                message = results.get(timeout=60)
+            except queue.Empty:
+                if not any(process.is_alive() for process in processes):  # killed (out of memory, a signal)
+                    raise RuntimeError("the sweep workers died without reporting; resume with --workers 1") from None
+                continue
+            if message is None:
+                finished += 1
+            elif isinstance(message, str):
+                raise RuntimeError(f"a sweep worker failed:\n{message}")
+            else:
+                index, row = message
+                yield runs[index], row
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+
+
+def _worker(config_json, runs, device, deadline, workers, tasks, results) -> None:
+    import traceback
+
+    try:
+        config = SweepConfig.model_validate_json(config_json)
+        if device == "cpu":  # the workers share the cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        corpus = Corpus(config)
+        while (index := tasks.get()) is not None:
+            if deadline is not None and time.monotonic() > deadline:
+                continue  # drain: no new runs after the time limit
+            results.put((index, train_run(config, Run(**runs[index]), corpus, torch.device(device))))
+        results.put(None)
+    except Exception:
+        results.put(traceback.format_exc())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the command
+
+
+def add_arguments(parser) -> None:
+    """``linrnn sweep [--cells ...] [--widths ...] [--adamw-lrs ...] [--table FILE] [--out DIR] [--workers N]``."""
+    defaults = SweepConfig()
+    grid = parser.add_argument_group("grid")
+    grid.add_argument("--cells", nargs="+", default=["gdn"], help="cell names or aliases (default gdn)")
+    grid.add_argument("--optimizers", nargs="+", choices=("adamw", "sgd"), default=defaults.optimizers)
+    grid.add_argument("--params", nargs="+", default=defaults.parametrizations, help="sp mup gdn-mup (default all)")
+    grid.add_argument("--widths", nargs="+", type=int, default=defaults.widths)
+    grid.add_argument("--base-width", type=int, help="default: the smallest width")
+    for name, lrs in defaults.lrs.items():
+        default = f"{lrs[0]:g}:{lrs[-1]:g}:{len(lrs)}"
+        grid.add_argument(f"--{name}-lrs", nargs="+", type=_lrs, default=[lrs],
+                          help=f"learning rates, or LOW:HIGH:COUNT log-spaced (default {default})")  # fmt: skip
+    runs = parser.add_argument_group("each run")
+    runs.add_argument("--layers", type=int, default=defaults.num_layers)
+    runs.add_argument("--heads", type=int, default=defaults.num_heads)
+    runs.add_argument("--seq-len", type=int, default=defaults.seq_len)
+    runs.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    runs.add_argument("--steps", type=int, default=defaults.steps)
+    runs.add_argument("--warmup", type=float, default=defaults.warmup_fraction, help="warmup fraction of the steps")
+    runs.add_argument("--min-lr-factor", type=float, default=defaults.min_lr_factor)
+    runs.add_argument("--validation-batches", type=int, help="default: the whole held-out set")
+    runs.add_argument("--seed", type=int, default=defaults.seed)
+    where = parser.add_argument_group("where")
+    where.add_argument("--table", type=Path, default=Path("sweeps/sweep.jsonl"), help="results, one JSON row per run")
+    where.add_argument("--out", type=Path, help="report and plots (default: the table's folder)")
+    where.add_argument("--workers", type=int, default=1, help="processes training at once (they share the device)")
+    where.add_argument("--time-limit", type=float, help="seconds after which no new run starts (resume later)")
+    where.add_argument("--device", help="cuda or cpu (default: cuda when there is one)")
+    where.add_argument("--report-only", action="store_true", help="write the report of the table, train nothing")
+
+
+def _lrs(text: str) -> list[float]:
+    import argparse
+
+    try:
+        if ":" in text:
+            low, high, count = text.split(":")
+            return log_grid(float(low), float(high), int(count))
+        return [float(text)]
+    except ValueError as error:
+        message = f"expected a learning rate or LOW:HIGH:COUNT, got {text!r} ({error})"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def config_from_args(args) -> SweepConfig:
+    flat = lambda lists: sorted({lr for group in lists for lr in group})  # noqa: E731
+    return SweepConfig(
+        cells=args.cells,
+        optimizers=args.optimizers,
+        parametrizations=args.params,
+        widths=args.widths,
+        base_width=args.base_width,
+        lrs={"adamw": flat(args.adamw_lrs), "sgd": flat(args.sgd_lrs)},
+        num_layers=args.layers,
+        num_heads=args.heads,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        warmup_fraction=args.warmup,
+        min_lr_factor=args.min_lr_factor,
+        validation_batches=args.validation_batches,
+        seed=args.seed,
+    )
+
+
+def run(args) -> int:
+    from pydantic import ValidationError
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console()
+    try:
+        config = config_from_args(args)
+    except ValidationError as error:
+        console.print(f"[red]linrnn sweep: {error}")
+        return 2
+    if args.workers < 1:
+        console.print(f"[red]linrnn sweep: --workers must be at least 1, got {args.workers}")
+        return 2
+    if not args.report_only:
+        todo = pending(config, args.table)
+        console.print(f"{len(config.runs())} grid points, {len(todo)} runs to train "
+                      f"({config.tokens_per_run:,} tokens each) → {args.table}")  # fmt: skip
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task("training", total=len(todo))
+
+            def on_result(row: dict, done: int, total: int) -> None:
+                result = "diverged" if row["diverged"] else f"val loss {row['val_loss']:.3f}"
+                progress.console.print(f"{Run(**{k: row[k] for k in Run.model_fields}).label()}: {result} "
+                                       f"({row['seconds']:.0f} s, {row['tokens_per_second']:,} tok/s)")  # fmt: skip
+                progress.update(task, completed=done)
+
+            run_sweep(config, args.table, workers=args.workers, time_limit=args.time_limit, device=args.device,
+                      on_result=on_result)  # fmt: skip
+    return write_report(config, args.table, args.out or args.table.parent, console)
+
+
+def write_report(config: SweepConfig, table: Path, out: Path, console) -> int:
+    """Writes ``{table stem}_report.md`` and one plot per (cell, optimizer) into ``out``; prints the summary."""
+    from linrnn.training import sweep_report
+
+    settings = config.settings_hash()
+    rows = [row for row in read_table(table) if row["key"].endswith(f"/{settings}")]
+    if not rows:
+        console.print(f"[red]linrnn sweep: no rows in {table} with these settings ({settings}); nothing to report")
+        return 1
+    curves = sweep_report.collect(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / f"{table.stem}_report.md"
+    report.write_text(sweep_report.markdown(curves, rows[0]["settings"]))
+    files = sweep_report.plot(curves, out)
+    trained = {Run(**{key: row[key] for key in Run.model_fields}) for row in rows}
+    missing = len(set(config.runs()) - trained)
+    console.print(sweep_report.markdown(curves, rows[0]["settings"]).split("\n\n")[0])
+    console.print(f"report: {report}; plots: {', '.join(map(str, files))}")
+    if missing:
+        console.print(f"[yellow]{missing} grid points not trained yet: run the same command again to resume")
+    return 0

@@ -1,0 +1,173 @@
+"""The report of a learning-rate sweep: per (cell, optimizer, parametrization) and width, the validation loss
+against the learning rate shifted by that width's best (seed 000's plots), the best learning rate, and the
+transfer score: the largest distance, in steps of the learning-rate grid, between a width's best learning rate
+and the base width's (0: the optimum stays put; diverged runs count as worse than any finished one, and a width
+where every run diverged counts as the largest possible distance)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PARAMETRIZATION_LABELS = {"sp": "SP", "mup": "muP", "gdn-mup": "GDN-muP"}
+
+
+@dataclass
+class Curves:
+    """One (cell, optimizer, parametrization): ``losses[width][lr]`` = final validation loss (None: diverged)."""
+
+    cell: str
+    optimizer: str
+    parametrization: str
+    base_width: int
+    lrs: list[float]  # the grid of this (cell, optimizer), sorted
+    losses: dict[int, dict[float, float | None]] = field(default_factory=dict)
+
+    @property
+    def widths(self) -> list[int]:
+        return sorted(self.losses)
+
+    def best(self, width: int) -> tuple[float, float] | None:
+        """(lr, loss) of the lowest finished validation loss at ``width``; None if every run diverged."""
+        finished = [(loss, lr) for lr, loss in self.losses[width].items() if loss is not None]
+        if not finished:
+            return None
+        loss, lr = min(finished)
+        return lr, loss
+
+    def best_index(self, width: int) -> int | None:
+        best = self.best(width)
+        return None if best is None else self.lrs.index(best[0])
+
+    def at_edge(self, width: int) -> bool:
+        """The best lr is the smallest or largest of the grid (the true optimum may lie outside)."""
+        index = self.best_index(width)
+        return index is not None and index in (0, len(self.lrs) - 1)
+
+    def shifted(self, width: int) -> dict[float, float | None]:
+        best = self.best(width)
+        return {lr: None if loss is None or best is None else loss - best[1] for lr, loss in self.losses[width].items()}
+
+    def transfer_score(self) -> int | None:
+        """max over widths of |best-lr grid index − the base width's|; None without a finished base-width run."""
+        if self.base_width not in self.losses or self.best_index(self.base_width) is None:
+            return None
+        base = self.best_index(self.base_width)
+        worst = len(self.lrs) - 1  # a width where every run diverged has no optimum on the grid at all
+        return max(worst if (index := self.best_index(w)) is None else abs(index - base) for w in self.widths)
+
+
+def collect(rows: list[dict]) -> list[Curves]:
+    """Rows of one sweep (same settings) → curves, ordered by cell, optimizer and parametrization."""
+    grids: dict[tuple[str, str], set[float]] = defaultdict(set)
+    for row in rows:
+        grids[row["cell"], row["optimizer"]].add(row["lr"])
+    curves: dict[tuple[str, str, str], Curves] = {}
+    for row in rows:
+        key = (row["cell"], row["optimizer"], row["parametrization"])
+        if key not in curves:
+            curves[key] = Curves(*key, base_width=row["base_width"], lrs=sorted(grids[key[:2]]))
+        curves[key].losses.setdefault(row["width"], {})[row["lr"]] = None if row["diverged"] else row["val_loss"]
+    order = list(PARAMETRIZATION_LABELS)
+    return sorted(curves.values(), key=lambda c: (c.cell, c.optimizer, order.index(c.parametrization)
+                                                   if c.parametrization in order else len(order)))  # fmt: skip
+
+
+def markdown(curves: list[Curves], settings: dict) -> str:
+    """The report as markdown: a summary table of best learning rates and transfer scores, then the shifted
+    losses of every width."""
+    lines = [
+        "| cell | optimizer | parametrization | "
+        + " | ".join(f"best lr, width {w}" for w in _all_widths(curves))
+        + " | transfer score |",
+        "|---|---|---|" + "---|" * (len(_all_widths(curves)) + 1),
+    ]
+    for c in curves:
+        cells = []
+        for width in _all_widths(curves):
+            best = c.best(width) if width in c.losses else None
+            cells.append(
+                "–" if best is None else f"{best[0]:.3g}{' (edge)' if c.at_edge(width) else ''} ({best[1]:.3f})"
+            )
+        score = c.transfer_score()
+        lines.append(
+            f"| {c.cell} | {c.optimizer} | {_label(c)} | {' | '.join(cells)} | {'–' if score is None else score} |"
+        )
+    lines += [
+        "",
+        "Best lr per width with its validation loss (nats per token) in brackets; (edge): the best lr is at "
+        "the end of the grid. Transfer score: largest distance in grid steps from the base width's best lr.",
+        "",
+    ]
+    tokens = settings["steps"] * settings["batch_size"] * settings["seq_len"]
+    lines.append(f"Settings: {settings['num_layers']} layers, {settings['num_heads']} heads, base width "
+                 f"{curves[0].base_width if curves else '?'}, {settings['steps']} steps × {settings['batch_size']} × "
+                 f"{settings['seq_len']} tokens = {tokens:,} tokens per run, warmup {settings['warmup_fraction']:.0%} "
+                 f"then cosine to {settings['min_lr_factor']:g} × lr, seed {settings['seed']}.")  # fmt: skip
+    for c in curves:
+        lines += ["", f"### {c.cell}, {c.optimizer}, {_label(c)}: validation loss − best of the width", ""]
+        lines.append("| width | " + " | ".join(f"{lr:.3g}" for lr in c.lrs) + " |")
+        lines.append("|---|" + "---|" * len(c.lrs))
+        for width in c.widths:
+            shifted = c.shifted(width)
+            values = ["" if lr not in shifted else "diverged" if shifted[lr] is None else f"{shifted[lr]:.3f}"
+                      for lr in c.lrs]  # fmt: skip
+            lines.append(f"| {width} | " + " | ".join(values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves: list[Curves], out_dir: str | Path) -> list[Path]:
+    """One figure per (cell, optimizer), the parametrizations side by side: shifted validation loss against lr,
+    one line per width, the best lr starred, diverged runs as × on the top edge. Returns the files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    groups: dict[tuple[str, str], list[Curves]] = defaultdict(list)
+    for c in curves:
+        groups[c.cell, c.optimizer].append(c)
+    files = []
+    for (cell, optimizer), panels in groups.items():
+        widths = sorted({w for c in panels for w in c.widths})
+        colors = dict(zip(widths, matplotlib.colormaps["viridis"](np.linspace(0, 0.9, len(widths))), strict=True))
+        finite = [v for c in panels for w in c.widths for v in c.shifted(w).values() if v is not None]
+        top = min(1.0, max(finite, default=0.1) * 1.1 + 0.02)
+        figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), sharey=True, squeeze=False)
+        for axis, c in zip(axes[0], panels, strict=True):
+            for width in c.widths:
+                shifted = c.shifted(width)
+                lrs = [lr for lr in c.lrs if shifted.get(lr) is not None]
+                axis.plot(lrs, [min(shifted[lr], top) for lr in lrs], "o-", ms=3, color=colors[width], label=f"{width}")
+                diverged = [lr for lr in c.lrs if lr in shifted and shifted[lr] is None]
+                axis.plot(diverged, [top] * len(diverged), "x", color=colors[width], ms=6)
+                if (best := c.best(width)) is not None:
+                    axis.plot([best[0]], [0.0], "*", color=colors[width], ms=11, mec="black", mew=0.5)
+            score = c.transfer_score()
+            axis.set_title(f"{_label(c)}: transfer score {'–' if score is None else score}")
+            axis.set_xscale("log")
+            axis.set_xlabel(f"learning rate ({optimizer})")
+            axis.set_ylim(-0.02 * top, top * 1.03)
+            axis.grid(alpha=0.3, which="both")
+        axes[0][0].set_ylabel("validation loss − best of the width")
+        axes[0][-1].legend(title="width", fontsize=8)
+        figure.suptitle(f"{cell}: learning-rate transfer, {optimizer}")
+        figure.tight_layout()
+        path = out_dir / f"lr_transfer_{cell}_{optimizer}.png"
+        figure.savefig(path, dpi=130)
+        plt.close(figure)
+        files.append(path)
+    return files
+
+
+def _all_widths(curves: list[Curves]) -> list[int]:
+    return sorted({w for c in curves for w in c.widths})
+
+
+def _label(c: Curves) -> str:
+    return PARAMETRIZATION_LABELS.get(c.parametrization, c.parametrization)

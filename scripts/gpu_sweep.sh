@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 7 on the GPU machine: learning-rate transfer sweeps (linrnn sweep), resumable across device calls.
+#   bash scripts/gpu_sweep.sh probe [SECONDS]       # tokens/s per width, one process and several sharing the GPU
+#   bash scripts/gpu_sweep.sh TABLE SECONDS [linrnn sweep flags...]
+#       trains the grid's missing runs into TABLE (a tracked file: it travels with the working tree) for at most
+#       SECONDS, then copies TABLE, its report and plots to $OUT/sweep/ (copy them back into the repository).
+# GPU_TESTS=SECONDS first runs the GPU tests of tests/models/test_packed_documents.py for at most SECONDS.
+# Carry .whl, .whl-train (torchtitan, tokenizers, ...), .data (the prepared corpus) and .triton_cache.tgz.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/*.whl .whl-train/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD" LINRNN_DATA="$PWD/.data" PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1 TRITON_STORE_BINARY_ONLY=1
+out="${OUT:-/tmp}"
+mkdir -p "$TRITON_CACHE_DIR" "$out/sweep"
+if [ -f .triton_cache.tgz ]; then tar xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"; fi
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+
+if [ -n "${GPU_TESTS:-}" ]; then  # the GPU tests of packed documents and autocast first (their autotuning is cached)
+  timeout -k 10 "$GPU_TESTS" python3 -m pytest -q -p no:cacheprovider tests/models/test_packed_documents.py -m gpu \
+    > "$out/gpu_tests.log" 2>&1
+  tail -3 "$out/gpu_tests.log"
+fi
+if [ "$1" = probe ]; then
+  timeout -k 10 "${2:-300}" python3 scripts/sweep_probe.py > "$out/probe.log" 2>&1
+  grep -v -i warn "$out/probe.log" | tail -30
+else
+  table="$1" seconds="$2"
+  shift 2
+  # no run starts after SECONDS - 60 s, so the runs in flight end before the call's limit
+  timeout -k 10 "$seconds" python3 -m linrnn sweep --table "$table" --time-limit $((seconds - 60)) "$@" \
+    > "$out/sweep.log" 2>&1
+  grep -v -i warn "$out/sweep.log" | tail -60
+  cp "$table" "$(dirname "$table")"/*_report.md "$(dirname "$table")"/*.png "$out/sweep/" 2>/dev/null
+fi
+tar czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
+if [ "$(stat -c %s "$out/triton_cache.tgz")" -gt $((15 * 1024 * 1024)) ]; then
+  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar czf "$out/triton_cache.tgz" --null -T -)
+fi
