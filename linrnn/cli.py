@@ -68,32 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo_parser.add_argument("--save", type=Path, help="directory for the trained models (DIR/<cell>.pt)")
     demo_parser.set_defaults(command=demo)
 
-    stability_parser = commands.add_parser(
-        "stability", help="spectral radius, norms and growth of each cell's transition against its certificate"
-    )
-    stability_report.add_arguments(stability_parser)
-    stability_parser.set_defaults(command=stability_report.run)
-
-    coord_parser = commands.add_parser(
-        "coord-check", help="coordinate sizes against width over a few training steps (the muP check)"
-    )
-    coord_check.add_arguments(coord_parser)
-    coord_parser.set_defaults(command=coord_check.run)
-
     from linrnn.training import evaluate as training
     from linrnn.training import sweep
 
-    sweep_parser = commands.add_parser(
-        "sweep", help="learning-rate transfer: short runs over widths × lrs × parametrizations × optimizers"
-    )
-    sweep.add_arguments(sweep_parser)
-    sweep_parser.set_defaults(command=sweep.run)
-
-    train_parser = commands.add_parser(
-        "train", help="prepare the embedded corpus, train through torchtitan, report validation bpb and a sample"
-    )
-    training.add_train_arguments(train_parser)
-    train_parser.set_defaults(command=training.train_main)
+    for name, summary, add_arguments, command in (
+        ("stability", "spectral radius, norms and growth of each cell's transition against its certificate",
+         stability_report.add_arguments, stability_report.run),
+        ("coord-check", "coordinate sizes against width over a few training steps (the muP check)",
+         coord_check.add_arguments, coord_check.run),
+        ("sweep", "learning-rate transfer: short runs over widths × lrs × parametrizations × optimizers",
+         sweep.add_arguments, sweep.run),
+        ("train", "prepare the embedded corpus, train through torchtitan, report validation bpb and a sample",
+         training.add_train_arguments, training.train_main),
+    ):  # fmt: skip
+        subparser = commands.add_parser(name, help=summary)
+        add_arguments(subparser)
+        subparser.set_defaults(command=command)
     data_parser = commands.add_parser("data", help="training data")
     data_commands = data_parser.add_subparsers(title="data commands", required=True)
     prepare_parser = data_commands.add_parser("prepare", help="download, split and tokenize the embedded corpus")

@@ -107,11 +107,14 @@ class SweepConfig(BaseModel):
     def tokens_per_run(self) -> int:
         return self.steps * self.batch_size * self.seq_len
 
-    def settings_hash(self) -> str:
-        """Identifies the training settings (everything but the grid axes), so a table mixes no settings."""
+    def settings(self) -> dict:
+        """The training settings: everything but the grid axes (with the base width resolved)."""
         settings = self.model_dump(exclude={"cells", "optimizers", "parametrizations", "widths", "lrs"})
-        settings["base_width"] = self.base
-        return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+        return {**settings, "base_width": self.base}
+
+    def settings_hash(self) -> str:
+        """Identifies the training settings, so a table mixes no settings."""
+        return hashlib.sha1(json.dumps(self.settings(), sort_keys=True).encode()).hexdigest()[:12]
 
     def runs(self) -> list[Run]:
         """Every grid point: cell by cell and optimizer by optimizer (a sweep cut short leaves whole figures),
@@ -279,7 +282,7 @@ def build_model(config: SweepConfig, run: Run, device: torch.device):
     return model
 
 
-def train_run(config: SweepConfig, run: Run, corpus: Corpus, device: torch.device, on_step=None) -> dict:
+def train_run(config: SweepConfig, run: Run, corpus: Corpus, device: torch.device) -> dict:
     """Trains one grid point; returns its table row (without key and shared)."""
     from torchtitan.components.loss import IGNORE_INDEX
     from torchtitan.components.optimizer import LRSchedulersContainer
@@ -321,22 +324,19 @@ def train_run(config: SweepConfig, run: Run, corpus: Corpus, device: torch.devic
         schedulers.step()
         optimizers.zero_grad()
         losses.append(loss.detach())
-        if step % 25 == 0 or step == config.steps:
-            recent = torch.stack(losses[-25:]).float()
-            if not torch.isfinite(recent).all():
-                diverged = True
-                break
-            if on_step is not None:
-                on_step(step, float(recent[-1]))
+        if (step % 25 == 0 or step == config.steps) and not torch.isfinite(torch.stack(losses[-25:])).all():
+            diverged = True  # checked every 25 steps: a check reads the device
+            break
     curve = [float(x) for x in torch.stack(losses).float().cpu()]
     seconds = time.perf_counter() - start
     validation = None if diverged else validation_loss(model, corpus, device, autocast, config.validation_batches)
     diverged = diverged or validation is None or not math.isfinite(validation)
+    tokens = len(curve) * config.batch_size * config.seq_len
     return {
         **run.model_dump(),
         "base_width": config.base,
         "steps": len(curve),
-        "tokens": len(curve) * config.batch_size * config.seq_len,
+        "tokens": tokens,
         "train_loss": None if diverged else float(np.mean(curve[-25:])),
         "val_loss": None if diverged else validation,
         "val_bpb": None if diverged else validation / math.log(2) / corpus.bytes_per_token,
@@ -344,9 +344,9 @@ def train_run(config: SweepConfig, run: Run, corpus: Corpus, device: torch.devic
         "loss_curve": [round(x, 4) if math.isfinite(x) else None for x in curve[::10]],  # every 10th step
         "parameters": sum(p.numel() for p in model.parameters()),
         "seconds": round(seconds, 2),  # training only
-        "tokens_per_second": round(len(curve) * config.batch_size * config.seq_len / seconds),
+        "tokens_per_second": round(tokens / seconds),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "settings": config.model_dump(exclude={"cells", "optimizers", "parametrizations", "widths", "lrs"}),
+        "settings": config.settings(),
     }
 
 
@@ -356,7 +356,8 @@ def validation_loss(model, corpus: Corpus, device: torch.device, autocast, batch
     from torchtitan.components.loss import IGNORE_INDEX
 
     model.eval()
-    nats, targets = torch.zeros((), device=device, dtype=torch.float64), 0
+    nats = torch.zeros((), device=device, dtype=torch.float64)
+    targets = torch.zeros((), device=device, dtype=torch.long)
     for index, (inputs, labels) in enumerate(corpus.batches(corpus.validation)):
         if batches is not None and index == batches:
             break
@@ -364,9 +365,9 @@ def validation_loss(model, corpus: Corpus, device: torch.device, autocast, batch
             logits = model(inputs["input"].to(device), positions=inputs["positions"].to(device))
         labels = labels.to(device).flatten()
         nats += F.cross_entropy(logits.flatten(0, 1).float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
-        targets += int((labels != IGNORE_INDEX).sum())
+        targets += (labels != IGNORE_INDEX).sum()
     model.train()
-    return float(nats) / targets
+    return float(nats / targets)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -381,12 +382,13 @@ def run_sweep(
     time_limit: float | None = None,
     device: str | None = None,
     on_result: Callable[[dict, int, int], None] | None = None,
+    todo: dict[Run, list[Run]] | None = None,
 ) -> int:
     """Trains every grid point missing from ``table`` and appends its rows; returns the number of runs trained.
     ``time_limit`` (seconds): no run starts after it (runs in progress finish). ``on_result(row, done, total)``
-    is called after each run."""
+    is called after each run. ``todo``: ``pending(config, table)`` when the caller has it already."""
     table = Path(table)
-    todo = pending(config, table)
+    todo = pending(config, table) if todo is None else todo
     settings = config.settings_hash()
     deadline = None if time_limit is None else time.monotonic() + time_limit
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -582,7 +584,7 @@ def run(args) -> int:
                 progress.update(task, completed=done)
 
             run_sweep(config, args.table, workers=args.workers, time_limit=args.time_limit, device=args.device,
-                      on_result=on_result)  # fmt: skip
+                      on_result=on_result, todo=todo)  # fmt: skip
     return write_report(config, args.table, args.out or args.table.parent, console)
 
 
