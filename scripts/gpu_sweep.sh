@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Issue 7 on the GPU machine: learning-rate transfer sweeps (linrnn sweep), resumable across device calls.
 #   bash scripts/gpu_sweep.sh probe [SECONDS]       # tokens/s per width, one process and several sharing the GPU
+#   bash scripts/gpu_sweep.sh profile [SECONDS]     # torch.profiler of short runs at widths 128 and 1024
 #   bash scripts/gpu_sweep.sh TABLE SECONDS [linrnn sweep flags...]
 #       trains the grid's missing runs into TABLE (a tracked file: it travels with the working tree) for at most
 #       SECONDS, then copies TABLE, its report and plots to $OUT/sweep/ (copy them back into the repository).
-# GPU_TESTS=SECONDS first runs the GPU tests of tests/models/test_packed_documents.py for at most SECONDS.
+# GPU_TESTS=SECONDS first runs the GPU tests of GPU_TEST_FILES (default tests/models/test_packed_documents.py) for at
+# most SECONDS.
 # Carry .whl, .whl-train (torchtitan, tokenizers, ...), .data (the prepared corpus) and .triton_cache.tgz.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -18,11 +20,14 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
 if [ -n "${GPU_TESTS:-}" ]; then  # the GPU tests of packed documents and autocast first (their autotuning is cached)
-  timeout -k 10 "$GPU_TESTS" python3 -m pytest -q -p no:cacheprovider tests/models/test_packed_documents.py -m gpu \
+  timeout -k 10 "$GPU_TESTS" python3 -m pytest -q -p no:cacheprovider ${GPU_TEST_FILES:-tests/models/test_packed_documents.py} -m gpu \
     > "$out/gpu_tests.log" 2>&1
   tail -3 "$out/gpu_tests.log"
 fi
-if [ "$1" = probe ]; then
+if [ "$1" = profile ]; then
+  timeout -k 10 "${2:-300}" python3 scripts/sweep_profile.py > "$out/profile.log" 2>&1
+  grep -v -i warn "$out/profile.log" | tail -150
+elif [ "$1" = probe ]; then
   timeout -k 10 "${2:-300}" python3 scripts/sweep_probe.py > "$out/probe.log" 2>&1
   grep -v -i warn "$out/probe.log" | tail -30
 else

@@ -1,1 +1,14 @@
 """The shared math: one generalized recurrence (reference loop, chunked torch) behind ``ops``."""
+
+import torch
+from torch import Tensor
+
+
+def to_device(x: Tensor, device: torch.device) -> Tensor:
+    """``x`` on ``device``; a CPU tensor goes through pinned memory without blocking, so the host does not wait
+    for the GPU to finish its queued work (a pageable copy would)."""
+    if x.device == device:
+        return x
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)

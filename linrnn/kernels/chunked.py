@@ -78,7 +78,7 @@ def recurrence_chunked(
     steps = q.shape[1]
     longest = steps if cu_seqlens is None else int(cu_seqlens.diff().max())
     chunk_size = max(1, min(chunk_size or DEFAULT_CHUNK, longest))  # one decode step needs no padded chunk
-    packer = _Packer(cu_seqlens, steps=steps, chunk_size=chunk_size)
+    packer = _Packer(cu_seqlens, steps=steps, chunk_size=chunk_size, device=q.device)
 
     def pack(x: Tensor | None) -> Tensor | None:
         if x is None:
@@ -99,17 +99,18 @@ def recurrence_chunked(
 class _Packer:
     """Moves ``[B, T, H, ...]`` to a zero-padded ``[N, L, H, ...]`` batch (L a chunk multiple) and back."""
 
-    def __init__(self, cu_seqlens: Tensor | None, *, steps: int, chunk_size: int):
+    def __init__(self, cu_seqlens: Tensor | None, *, steps: int, chunk_size: int, device: torch.device):
         self.steps = steps
         if cu_seqlens is None:
             self.index = None
             self.length = max(1, -(-steps // chunk_size)) * chunk_size
             return
         bounds = cu_seqlens.tolist()
-        starts = torch.tensor(bounds[:-1], device=cu_seqlens.device)
-        lengths = torch.tensor(bounds[1:], device=cu_seqlens.device) - starts
-        self.length = max(1, -(-int(lengths.max()) // chunk_size)) * chunk_size
-        offsets = torch.arange(self.length, device=cu_seqlens.device)
+        starts = torch.tensor(bounds[:-1], device=device)
+        lengths = torch.tensor(bounds[1:], device=device) - starts
+        longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+        self.length = max(1, -(-longest // chunk_size)) * chunk_size
+        offsets = torch.arange(self.length, device=device)
         self.valid = offsets[None, :] < lengths[:, None]  # [N, L]
         self.index = (starts[:, None] + offsets[None, :]).clamp(max=steps - 1)
 
@@ -118,12 +119,12 @@ class _Packer:
             pad = [0, 0] * (x.dim() - 2) + [0, self.length - self.steps]
             return F.pad(x, pad)
         mask = self.valid.view(*self.valid.shape, *[1] * (x.dim() - 2))
-        return x[0, self.index.to(x.device)] * mask.to(x.device)
+        return x[0, self.index] * mask
 
     def unpack(self, x: Tensor) -> Tensor:
         if self.index is None:
             return x[:, : self.steps]
-        return x[self.valid.to(x.device)].unsqueeze(0)
+        return x[self.valid].unsqueeze(0)
 
 
 def _chunk_recurrence(q, w, v, e, g, beta, state, tied):

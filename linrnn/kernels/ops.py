@@ -86,6 +86,7 @@ def recurrence(
         initial_state: ``[N, H, K, V]``, N = B, or the number of sequences with ``cu_seqlens``.
         output_final_state: also return the state after the last step (fp32; fp64 for fp64 inputs).
         cu_seqlens: ``[N + 1]`` int boundaries of sequences packed along T (B = 1); states reset per sequence.
+            On the CPU or on q's device; on the CPU, reading the boundaries (grid sizes) costs no device sync.
         backend: "auto" | "torch" | "reference" | "triton" (forward only in this version, see the module docstring).
         chunk_size: chunk length of the chunkwise backends (default 32).
         check_values: also check gate values (finite, g ≤ 0, beta in [0, 2]); reads tensor contents,
@@ -189,7 +190,7 @@ def _check(op, q, k, v, options, *, g=None, g_kind=None, beta=None, beta_require
     check_same(op, {"q": q, "k": k, "v": v, e_name: e}, "dtype")
     tensors = {"q": q, "k": k, "v": v, e_name: e, "g": g, "beta": beta, "initial_state": initial_state}
     check_same(op, tensors, "device")
-    sequences = batch if cu_seqlens is None else check_cu_seqlens(op, cu_seqlens, batch, steps)
+    sequences = batch if cu_seqlens is None else check_cu_seqlens(op, cu_seqlens, batch, steps, q.device)
     if initial_state is not None:
         expected = [sequences, heads, key_dim, v.shape[-1]]
         check_tensor(op, "initial_state", initial_state, expected, "[N, H, K, V] (N = B, or sequences in cu_seqlens)")

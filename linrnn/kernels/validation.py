@@ -38,8 +38,8 @@ def check_same(op: str, tensors: dict[str, Tensor | None], attr: str) -> None:
             fail(op, f"argument '{name}' must have {attr} {first} (as '{first_name}'), got {value}")
 
 
-def check_cu_seqlens(op: str, cu_seqlens: Tensor, batch: int, steps: int) -> int:
-    """Returns the number of sequences."""
+def check_cu_seqlens(op: str, cu_seqlens: Tensor, batch: int, steps: int, device: torch.device) -> int:
+    """Returns the number of sequences; ``cu_seqlens`` may be on the CPU or on ``device`` (q's)."""
     if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
         got = (
             f"{cu_seqlens.dtype} tensor of shape {list(cu_seqlens.shape)}"
@@ -47,6 +47,8 @@ def check_cu_seqlens(op: str, cu_seqlens: Tensor, batch: int, steps: int) -> int
             else type(cu_seqlens).__name__
         )
         fail(op, f"argument 'cu_seqlens' must be a 1-D integer tensor [N + 1], got {got}")
+    if cu_seqlens.device not in (torch.device("cpu"), device):
+        fail(op, f"argument 'cu_seqlens' must be on the CPU or on q's device {device}, got {cu_seqlens.device}")
     if batch != 1:
         fail(op, f"argument 'cu_seqlens' requires batch size B = 1 (sequences packed along T), got B = {batch}")
     bounds = cu_seqlens.tolist()

@@ -21,6 +21,8 @@ from einops import rearrange
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
+from linrnn.kernels import to_device
+
 
 class MixerOptions(BaseModel):
     """Options of a mixer layer that do not depend on the model's width."""
@@ -82,28 +84,36 @@ class Documents:
     """Packed documents on one folded sequence ``[1, N]`` (N = B · T): recurrent state and short-conv history
     start from zero at each document start. Built by ``from_positions``."""
 
-    cu_seqlens: Tensor  # [D + 1] int64 document boundaries, for the ops' varlen path
+    cu_seqlens: Tensor  # [D + 1] int64 document boundaries on the CPU: read once here, no device sync per layer
     offset: Tensor  # [N] index of each token within its document
     positions: Tensor  # [N] the caller's positions (RoPE)
     _crossing: dict[int, Tensor] = field(default_factory=dict, repr=False)
 
     def crossing(self, lag: int) -> Tensor:
-        """Indices of the tokens less than ``lag`` into their document (a conv tap ``lag`` back crosses its start)."""
+        """Indices of the tokens less than ``lag`` into their document (a conv tap ``lag`` back crosses its start),
+        on the device of ``offset``, built from the host boundaries."""
         if lag not in self._crossing:
-            self._crossing[lag] = (self.offset < lag).nonzero().squeeze(1)
+            starts, ends = self.cu_seqlens[:-1], self.cu_seqlens[1:]
+            counts = (ends - starts).clamp(max=lag)
+            first = torch.cumsum(counts, 0) - counts  # where each document's run starts in the result
+            within = torch.arange(int(counts.sum())) - first.repeat_interleave(counts)
+            hits = starts.repeat_interleave(counts) + within
+            self._crossing[lag] = to_device(hits, self.offset.device)
         return self._crossing[lag]
 
     @classmethod
     def from_positions(cls, positions: Tensor) -> Documents:
-        """``positions`` ``[B, T]``: a document starts wherever the position is 0, and at every row start."""
+        """``positions`` ``[B, T]``: a document starts wherever the position is 0, and at every row start. Costs one
+        device sync (the boundaries come to the host)."""
         starts = positions == 0
         starts[:, 0] = True
         starts = starts.flatten()
+        start_index = starts.cpu().nonzero().squeeze(1)  # [D] on the host
+        document = torch.cumsum(starts.long(), 0) - 1  # [N] on the device
         index = torch.arange(starts.numel(), device=positions.device)
-        start_index = index[starts]
-        document = torch.cumsum(starts.long(), 0) - 1
-        cu_seqlens = torch.cat([start_index, index.new_tensor([starts.numel()])])
-        return cls(cu_seqlens=cu_seqlens, offset=index - start_index[document], positions=positions.flatten())
+        offset = index - to_device(start_index, positions.device)[document]
+        cu_seqlens = torch.cat([start_index, torch.tensor([starts.numel()])])
+        return cls(cu_seqlens=cu_seqlens, offset=offset, positions=positions.flatten())
 
 
 class ShortConv(nn.Module):

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 import linrnn
-from tests.helpers import CELLS, assert_runs_match, forward_backward, make_inputs
+from tests.helpers import CELLS, OPS, assert_runs_match, forward_backward, make_inputs
 
 pytestmark = pytest.mark.gpu
+STREAMS = ("q", "k", "v", "a", "g", "beta")  # the [B, T, ...] inputs
 
 
 @pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-4), (torch.bfloat16, 1e-2)])
@@ -26,6 +27,27 @@ def test_varlen_on_cuda():
         "gammanet", {n: x.cuda() for n, x in inputs.items()}, backend="torch", cu_seqlens=cu_seqlens.cuda()
     )
     assert_runs_match(actual, expected, 1e-10)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])
+def test_cu_seqlens_on_the_host(cell, backend):
+    """Boundaries on the CPU (no device sync) give the same outputs and gradients as on the GPU, and the reference."""
+    inputs = make_inputs(cell, B=1, T=200, H=2, K=32, V=32, initial_state=True, num_states=4, seed=5)
+    cu_seqlens = torch.tensor([0, 7, 120, 121, 200])
+    expected = forward_backward(cell, inputs, backend="reference", cu_seqlens=cu_seqlens)
+    on_gpu = {n: x.float().cuda() for n, x in inputs.items()}
+    host = forward_backward(cell, on_gpu, backend=backend, cu_seqlens=cu_seqlens)
+    device = forward_backward(cell, on_gpu, backend=backend, cu_seqlens=cu_seqlens.cuda())
+    assert_runs_match(host, device, 1e-6)  # equal up to the order of atomic adds
+    assert_runs_match(host, expected, 1e-4, atol=1e-5)
+    with torch.no_grad():  # decoding lengths: the fused recurrent kernel
+        short = {n: x[:, :40] if n in STREAMS else x for n, x in on_gpu.items()}
+        short["initial_state"] = short["initial_state"][:3]
+        bounds = torch.tensor([0, 3, 39, 40])
+        host = OPS[cell](**short, cu_seqlens=bounds, backend="triton", output_final_state=True)
+        device = OPS[cell](**short, cu_seqlens=bounds.cuda(), backend="triton", output_final_state=True)
+    assert torch.equal(host[0], device[0]) and torch.equal(host[1], device[1])
 
 
 @pytest.mark.parametrize("cell", CELLS)

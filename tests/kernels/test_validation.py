@@ -82,6 +82,8 @@ def test_cu_seqlens_errors():
     y = make_inputs("gated_deltanet", B=2, T=10, H=2, K=4, V=4, seed=0)
     with pytest.raises(ValueError, match=r"'cu_seqlens' requires batch size B = 1.*got B = 2"):
         ops.gated_delta_rule(**y, cu_seqlens=torch.tensor([0, 10]))
+    with pytest.raises(ValueError, match=r"'cu_seqlens' must be on the CPU or on q's device cpu, got meta"):
+        ops.gated_delta_rule(**x, cu_seqlens=torch.tensor([0, 10], device="meta"))
 
 
 def test_backend_and_option_errors(monkeypatch):

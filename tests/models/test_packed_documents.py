@@ -91,6 +91,20 @@ def test_positions_that_never_restart_equal_the_plain_forward():
     torch.testing.assert_close(model(ids, positions=positions), model(ids), rtol=1e-12, atol=1e-12)
 
 
+def test_document_boundaries_and_crossing_taps():
+    """Boundaries come to the host once; the taps crossing a document start are the first ``lag`` tokens of each."""
+    from linrnn.recurrences.base import Documents
+
+    _, _, positions = packed_batch(0)
+    documents = Documents.from_positions(positions)
+    lengths = [n for row in LENGTHS for n in row]
+    assert documents.cu_seqlens.device.type == "cpu"
+    assert documents.cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    for lag in range(1, 5):
+        expected = (documents.offset < lag).nonzero().squeeze(1)
+        assert torch.equal(documents.crossing(lag), expected), lag
+
+
 def test_bad_positions():
     model = linrnn.build_model("gdn")
     ids = torch.zeros(2, 5, dtype=torch.long)

@@ -19,6 +19,7 @@ import torch
 import triton
 from torch import Tensor
 
+from linrnn.kernels import to_device
 from linrnn.kernels.triton import new_output
 from linrnn.kernels.triton.chunk_bwd import (
     chunk_bwd_fused_kernel,
@@ -66,8 +67,8 @@ def _chunk_index(lengths: Tensor, device) -> tuple[int, int, Tensor, Tensor]:
     sequence = torch.repeat_interleave(torch.arange(lengths.numel()), counts)
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     within = torch.arange(num_chunks) - offsets[:-1].repeat_interleave(counts)
-    index = torch.stack([sequence, within], dim=1).to(torch.int32).to(device)
-    return lengths.numel(), num_chunks, index, offsets.to(torch.int32).to(device)
+    index = torch.stack([sequence, within], dim=1).to(torch.int32)
+    return lengths.numel(), num_chunks, to_device(index, device), to_device(offsets.to(torch.int32), device)
 
 
 @functools.lru_cache(maxsize=64)
@@ -76,7 +77,7 @@ def _equal_lengths_index(batch: int, steps: int, device: torch.device) -> tuple[
     (building them costs a host-to-device copy, which waits for the GPU)."""
     cu_seqlens = torch.arange(0, batch + 1, dtype=torch.int32) * steps
     _, _, index, offsets = _chunk_index(torch.full((batch,), steps, dtype=torch.int64), device)
-    return cu_seqlens.to(device), index, offsets
+    return to_device(cu_seqlens, device), index, offsets
 
 
 class _Layout:
@@ -90,8 +91,8 @@ class _Layout:
             self.sequences, self.num_chunks = batch, batch * triton.cdiv(steps, CHUNK)
             self.cu_seqlens, self.chunk_index, self.chunk_offsets = _equal_lengths_index(batch, steps, q.device)
         else:
-            lengths = cu_seqlens.diff().cpu()  # a device sync: the grids need the number of chunks
-            self.cu_seqlens = cu_seqlens.to(torch.int32)
+            lengths = cu_seqlens.diff().cpu()  # the grids need the number of chunks: a device sync unless on the CPU
+            self.cu_seqlens = to_device(cu_seqlens.to(torch.int32), q.device)
             self.sequences, self.num_chunks, self.chunk_index, self.chunk_offsets = _chunk_index(lengths, q.device)
         decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
         self.decay = decay.value  # a plain int for the launches

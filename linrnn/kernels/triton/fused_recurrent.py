@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from linrnn.kernels import to_device
 from linrnn.kernels.triton import new_output
 
 DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = 0, 1, 2
@@ -104,6 +105,7 @@ def fused_recurrent_fwd(
     batch, steps, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     sequences = batch if cu_seqlens is None else cu_seqlens.numel() - 1
+    cu_seqlens = None if cu_seqlens is None else to_device(cu_seqlens, q.device)
     q, w, v = (x.contiguous() for x in (q, w, v))
     e = None if e is None else e.contiguous()
     o = new_output((batch, steps, heads, value_dim), v.dtype, v.device)
