@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 7 on the GPU machine: learning-rate transfer sweeps (linrnn sweep), resumable across device calls.
-#   bash scripts/gpu_sweep.sh probe [SECONDS]       # tokens/s per width, one process and several sharing the GPU
+#   bash scripts/gpu_sweep.sh probe SECONDS [sweep_probe.py flags]   # tokens/s, one process and several
 #   bash scripts/gpu_sweep.sh profile [SECONDS]     # torch.profiler of short runs at widths 128 and 1024
 #   bash scripts/gpu_sweep.sh TABLE SECONDS [linrnn sweep flags...]
 #       trains the grid's missing runs into TABLE (a tracked file: it travels with the working tree) for at most
 #       SECONDS, then copies TABLE, its report and plots to $OUT/sweep/ (copy them back into the repository).
+# MPS=1 runs everything under the CUDA MPS daemon (several processes' kernels run concurrently), stopped at the end.
 # GPU_TESTS=SECONDS first runs the GPU tests of GPU_TEST_FILES (default tests/models/test_packed_documents.py) for at
 # most SECONDS.
 # Carry .whl, .whl-train (torchtitan, tokenizers, ...), .data (the prepared corpus) and .triton_cache.tgz.
@@ -18,6 +19,12 @@ mkdir -p "$TRITON_CACHE_DIR" "$out/sweep"
 if [ -f .triton_cache.tgz ]; then tar xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"; fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+if [ -n "${MPS:-}" ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && echo "MPS daemon started" || echo "MPS daemon did not start"
+  trap 'echo quit | nvidia-cuda-mps-control' EXIT
+fi
 
 if [ -n "${GPU_TESTS:-}" ]; then  # the GPU tests of packed documents and autocast first (their autotuning is cached)
   timeout -k 10 "$GPU_TESTS" python3 -m pytest -q -p no:cacheprovider ${GPU_TEST_FILES:-tests/models/test_packed_documents.py} -m gpu \
@@ -28,7 +35,9 @@ if [ "$1" = profile ]; then
   timeout -k 10 "${2:-300}" python3 scripts/sweep_profile.py > "$out/profile.log" 2>&1
   grep -v -i warn "$out/profile.log" | tail -150
 elif [ "$1" = probe ]; then
-  timeout -k 10 "${2:-300}" python3 scripts/sweep_probe.py > "$out/probe.log" 2>&1
+  seconds="$2"
+  shift 2
+  timeout -k 10 "$seconds" python3 scripts/sweep_probe.py "$@" > "$out/probe.log" 2>&1
   grep -v -i warn "$out/probe.log" | tail -30
 else
   table="$1" seconds="$2"
