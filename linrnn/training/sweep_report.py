@@ -2,10 +2,13 @@
 against the learning rate shifted by that width's best (seed 000's plots), the best learning rate, and the
 transfer score: the largest distance, in steps of the learning-rate grid, between a width's best learning rate
 and the base width's (0: the optimum stays put; diverged runs count as worse than any finished one, and a width
-where every run diverged counts as the largest possible distance)."""
+where every run diverged counts as the largest possible distance), and the transfer regret: the largest loss, over
+widths, of training at the base width's best learning rate instead of the width's own best (what zero-shot transfer
+costs, in nats per token; less sensitive than the argmin to run-to-run noise in a flat basin)."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +62,14 @@ class Curves:
         worst = len(self.lrs) - 1  # a width where every run diverged has no optimum on the grid at all
         return max(worst if (index := self.best_index(w)) is None else abs(index - base) for w in self.widths)
 
+    def transfer_regret(self) -> float | None:
+        """max over widths of the shifted loss at the base width's best lr (inf where that run diverged); widths
+        without a run at that lr are left out. None without a finished base-width run."""
+        if self.base_width not in self.losses or (base := self.best(self.base_width)) is None:
+            return None
+        regrets = [self.shifted(w).get(base[0], 0.0) for w in self.widths]
+        return max(math.inf if r is None else r for r in regrets)
+
 
 def collect(rows: list[dict]) -> list[Curves]:
     """Rows of one sweep (same settings) → curves, ordered by cell, optimizer and parametrization."""
@@ -82,8 +93,8 @@ def markdown(curves: list[Curves], settings: dict) -> str:
     lines = [
         "| cell | optimizer | parametrization | "
         + " | ".join(f"best lr, width {w}" for w in _all_widths(curves))
-        + " | transfer score |",
-        "|---|---|---|" + "---|" * (len(_all_widths(curves)) + 1),
+        + " | transfer score | transfer regret |",
+        "|---|---|---|" + "---|" * (len(_all_widths(curves)) + 2),
     ]
     for c in curves:
         cells = []
@@ -94,12 +105,15 @@ def markdown(curves: list[Curves], settings: dict) -> str:
             )
         score = c.transfer_score()
         lines.append(
-            f"| {c.cell} | {c.optimizer} | {_label(c)} | {' | '.join(cells)} | {'–' if score is None else score} |"
+            f"| {c.cell} | {c.optimizer} | {_label(c)} | {' | '.join(cells)} | {'–' if score is None else score} "
+            f"| {_regret(c)} |"
         )
     lines += [
         "",
         "Best lr per width with its validation loss (nats per token) in brackets; (edge): the best lr is at "
-        "the end of the grid. Transfer score: largest distance in grid steps from the base width's best lr.",
+        "the end of the grid. Transfer score: largest distance in grid steps from the base width's best lr. "
+        "Transfer regret: largest loss (nats per token) over widths of training at the base width's best lr instead "
+        "of the width's own best.",
         "",
     ]
     tokens = settings["steps"] * settings["batch_size"] * settings["seq_len"]
@@ -149,7 +163,8 @@ def plot(curves: list[Curves], out_dir: str | Path) -> list[Path]:
                 if (best := c.best(width)) is not None:
                     axis.plot([best[0]], [0.0], "*", color=colors[width], ms=11, mec="black", mew=0.5)
             score = c.transfer_score()
-            axis.set_title(f"{_label(c)}: transfer score {'–' if score is None else score}")
+            axis.set_title(f"{_label(c)}: transfer score {'–' if score is None else score}, regret {_regret(c)}",
+                           fontsize=10)  # fmt: skip
             axis.set_xscale("log")
             axis.set_xlabel(f"learning rate ({optimizer})")
             axis.set_ylim(-0.02 * top, top * 1.03)
@@ -171,3 +186,8 @@ def _all_widths(curves: list[Curves]) -> list[int]:
 
 def _label(c: Curves) -> str:
     return PARAMETRIZATION_LABELS.get(c.parametrization, c.parametrization)
+
+
+def _regret(c: Curves) -> str:
+    regret = c.transfer_regret()
+    return "–" if regret is None else "diverged" if math.isinf(regret) else f"{regret:.3f}"

@@ -219,7 +219,10 @@ def test_the_report_and_plots(swept):
         assert png.stat().st_size > 1000 and png.read_bytes()[:8] == PNG_SIGNATURE
     report = (folder / "sweep_report.md").read_text()
     lines = report.splitlines()
-    assert lines[0] == "| cell | optimizer | parametrization | best lr, width 32 | best lr, width 64 | transfer score |"
+    assert lines[0] == (
+        "| cell | optimizer | parametrization | best lr, width 32 | best lr, width 64 | transfer score "
+        "| transfer regret |"
+    )
     summary = [line.split(" | ") for line in lines[2:8]]
     assert [(cells[1], cells[2]) for cells in summary] == [
         (optimizer, label) for optimizer in ("adamw", "sgd") for label in ("SP", "muP", "GDN-muP")
@@ -235,7 +238,8 @@ def test_the_report_and_plots(swept):
         for width, cell in zip((32, 64), cells[3:5], strict=True):
             assert re.fullmatch(rf"{best[width]:.3g}( \(edge\))? \({loss[width, best[width]]:.3f}\)", cell), cell
         score = abs(lrs.index(best[64]) - lrs.index(best[32]))
-        assert cells[5].rstrip(" |") == str(score)
+        assert cells[5] == str(score)
+        assert cells[6].rstrip(" |") == f"{loss[64, best[32]] - loss[64, best[64]]:.3f}"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -275,6 +279,18 @@ def test_curves_transfer_score():
     assert curves({32: [None] * 5, 64: [4.0, 3.0, 3.5, 3.6, 3.7]}).transfer_score() is None
     assert curves({32: [None] * 5}).best(32) is None and not curves({32: [None] * 5}).at_edge(32)
     assert curves({64: [5.0, 4.0, 4.5, 4.6, 4.7]}).transfer_score() is None  # no base-width curve
+
+
+def test_curves_transfer_regret():
+    """The loss of training every width at the base width's best lr, against each width's own best."""
+    c = curves({32: [5.0, 4.5, 4.0, 4.2, 4.3], 64: [5.0, 4.5, 4.4, 4.2, 4.0], 128: [3.0, 2.9, 3.1, 2.8, 3.5]})
+    assert c.transfer_regret() == pytest.approx(0.4)  # 64 at 1e-2: 4.4 − 4.0; 128: 3.1 − 2.8 = 0.3
+    assert curves({32: [5.0, 4.0, 4.5, 4.6, 4.7], 64: [5.0, 4.1, 4.5, 4.6, 4.7]}).transfer_regret() == 0
+    assert curves({32: [5.0, 4.0, 4.5, 4.6, 4.7], 64: [5.0, None, 4.5, 4.6, 4.7]}).transfer_regret() == math.inf
+    assert curves({32: [None] * 5, 64: [4.0, 3.0, 3.5, 3.6, 3.7]}).transfer_regret() is None
+    partial = curves({32: [5.0, 4.0, 4.5, 4.6, 4.7], 64: [5.0, 4.1, 4.5, 4.6, 4.7]})
+    del partial.losses[64][3e-3]  # the base's best lr not run at width 64 yet: that width is left out
+    assert partial.transfer_regret() == 0
 
 
 # ----------------------------------------------------------------------------------------------------------
