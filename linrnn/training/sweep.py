@@ -52,7 +52,9 @@ class SweepConfig(BaseModel):
     widths: list[int] = [128, 256, 512, 1024]
     base_width: int | None = Field(None, description="default: the smallest width")
     lrs: dict[str, list[float]] = Field(
-        default_factory=lambda: {"adamw": log_grid(1e-3, 3e-2, 7), "sgd": log_grid(0.1, 1.0, 7)},
+        # seed 000's ranges (AdamW 1e-3..3e-2, SGD 0.1..1 in 7 steps) with two more steps on the side where GDN's
+        # optimum sat at the edge (docs/sweeps.md)
+        default_factory=lambda: {"adamw": log_grid(1e-3, 9.32e-2, 9), "sgd": log_grid(0.0464, 1.0, 9)},
         description="learning rates per optimizer (the base value; the parametrization scales each role's)",
     )
     num_layers: int = Field(8, gt=0)
