@@ -23,6 +23,7 @@ import math
 import os
 import queue
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
@@ -312,7 +313,10 @@ def train_run(config: SweepConfig, run: Run, corpus: Corpus, device: torch.devic
     ).build(optimizers=optimizers, training_steps=config.steps)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
-    losses, diverged, start = [], False, time.perf_counter()
+    by_role = defaultdict(list)  # role → parameters, for the gradient norms per role
+    for name, parameter in model.model.named_parameters():
+        by_role[model.applied.roles[name]].append(parameter)
+    losses, grad_norms, role_norms, diverged, start = [], [], [], False, time.perf_counter()
     batches = corpus.batches(corpus.train)
     model.train()
     for step in range(1, config.steps + 1):
@@ -321,7 +325,9 @@ def train_run(config: SweepConfig, run: Run, corpus: Corpus, device: torch.devic
             logits = model(inputs["input"].to(device), positions=inputs["positions"].to(device))
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.to(device).flatten(), ignore_index=IGNORE_INDEX)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_norm, foreach=True)
+        if step % 10 == 1:  # the steps of loss_curve; kept on the device (no sync)
+            role_norms.append(torch.stack([_grad_norm(parameters) for parameters in by_role.values()]))
+        grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_norm, foreach=True))
         optimizers.step()
         schedulers.step()
         optimizers.zero_grad()
@@ -344,12 +350,24 @@ def train_run(config: SweepConfig, run: Run, corpus: Corpus, device: torch.devic
         "val_bpb": None if diverged else validation / math.log(2) / corpus.bytes_per_token,
         "diverged": diverged,
         "loss_curve": [round(x, 4) if math.isfinite(x) else None for x in curve[::10]],  # every 10th step
+        # the global gradient norm before clipping at max_norm, and per parametrization role, every 10th step
+        "grad_norm_curve": _rounded(torch.stack(grad_norms).cpu().tolist()[::10]),
+        "role_grad_norms": dict(zip(by_role, map(_rounded, torch.stack(role_norms).T.cpu().tolist()), strict=True)),
         "parameters": sum(p.numel() for p in model.parameters()),
         "seconds": round(seconds, 2),  # training only
         "tokens_per_second": round(tokens / seconds),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "settings": config.settings(),
     }
+
+
+def _grad_norm(parameters: list[torch.Tensor]) -> torch.Tensor:
+    grads = [p.grad for p in parameters if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=parameters[0].device)
+
+
+def _rounded(values: list[float]) -> list[float | None]:
+    return [float(f"{x:.4g}") if math.isfinite(x) else None for x in values]
 
 
 @torch.no_grad()

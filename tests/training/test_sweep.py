@@ -209,6 +209,11 @@ def test_the_table_has_one_row_per_grid_point(swept):
         assert row["diverged"] is False and row["steps"] == 20 and len(row["loss_curve"]) == 2
         assert math.isfinite(row["val_loss"]) and row["val_loss"] < math.log(4096) + 1
         assert row["val_bpb"] > 0 and math.isfinite(row["train_loss"])
+        # gradient norms before clipping, every 10th step: the global one is the root sum of squares of the roles'
+        roles = row["role_grad_norms"]
+        assert {"embedding", "readout", "hidden", "norm"} <= roles.keys() and len(row["grad_norm_curve"]) == 2
+        for step, total in enumerate(row["grad_norm_curve"]):
+            assert total == pytest.approx(math.sqrt(sum(norms[step] ** 2 for norms in roles.values())), rel=2e-3)
     assert min(row["val_loss"] for row in rows) < math.log(4096) - 1  # the good learning rates learn something
 
 
