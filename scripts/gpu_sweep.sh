@@ -43,7 +43,8 @@ else
   table="$1" seconds="$2"
   shift 2
   # no run starts after SECONDS - 90 s, so the run in flight (up to a minute when it autotunes) ends in time
-  timeout -k 10 "$seconds" python3 -m linrnn sweep --table "$table" --time-limit $((seconds - 90)) "$@" \
+  # SWEEP="python3 scripts/sweep_embedding_lr.py" runs a script that registers parametrization variants first
+  timeout -k 10 "$seconds" ${SWEEP:-python3 -m linrnn sweep} --table "$table" --time-limit $((seconds - 90)) "$@" \
     > "$out/sweep.log" 2>&1
   grep -v -i warn "$out/sweep.log" | tail -60
   cp "$table" "$(dirname "$table")"/*_report.md "$(dirname "$table")"/*.png "$out/sweep/" 2>/dev/null

@@ -23,6 +23,29 @@ def test_registry():
         P.get("ntk")
 
 
+def test_register_a_parametrization(monkeypatch):
+    """A user's parametrization (here: muP with a fixed embedding lr under SGD) is found by name by ``apply``."""
+    monkeypatch.setattr(P, "_REGISTRY", dict(P._REGISTRY))
+
+    class FixedEmbeddingLr(P.MuP):
+        name = "mup-fixed-embedding"
+
+        def rule(self, role, shape, m, optimizer):
+            rule = super().rule(role, shape, m, optimizer)
+            return P.Rule(init_scale=rule.init_scale, lr=1.0) if role == "embedding" else rule
+
+    P.register(FixedEmbeddingLr())
+    P.register(FixedEmbeddingLr())  # the same class again: a re-imported script
+    assert "mup-fixed-embedding" in P.list_parametrizations()
+    lrs = P.apply(linrnn.build_model("gdn", hidden_size=256), "mup-fixed-embedding", base_width=64, optimizer="sgd")
+    assert lrs.lr_multipliers()["embed.weight"] == 1.0  # muP's would be m_out = 4
+    assert lrs.lr_multipliers()["norm.weight"] == pytest.approx(4.0)  # the other roles keep muP's rules
+    with pytest.raises(ValueError, match="the name 'mup' is taken by MuP"):
+        P.register(type("Other", (P.MuP,), {})())
+    with pytest.raises(ValueError, match="expected a Parametrization with a name"):
+        P.register(type("Nameless", (P.Parametrization,), {})())
+
+
 def gdn_lrs(name, optimizer, width, base_width=64):
     model = linrnn.build_model("gdn", hidden_size=width)
     applied = P.apply(model, name, base_width=base_width, optimizer=optimizer)

@@ -4,6 +4,7 @@
 
     from linrnn import parametrizations
     parametrizations.list_parametrizations()              # ['gdn-mup', 'mup', 'sp']
+    parametrizations.register(MyParametrization())        # a Parametrization subclass: apply, coord-check, sweep
     applied = parametrizations.apply(model, "gdn-mup", base_width=128, optimizer="sgd")
     optimizer = torch.optim.SGD(applied.param_groups(lr=0.3), momentum=0.98, nesterov=True)
 
@@ -29,6 +30,17 @@ def list_parametrizations() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def register(parametrization: Parametrization) -> None:
+    """Adds a ``Parametrization`` (a subclass with ``name`` and ``rule``) for ``apply``, the coordinate check and
+    ``linrnn sweep``. Registering the same class under the same name again is a no-op (a re-imported script)."""
+    if not isinstance(parametrization, Parametrization) or not parametrization.name:
+        raise ValueError(f"register: expected a Parametrization with a name, got {parametrization!r}")
+    known = _REGISTRY.get(parametrization.name)
+    if known is not None and type(known) is not type(parametrization):
+        raise ValueError(f"register: the name {parametrization.name!r} is taken by {type(known).__name__}")
+    _REGISTRY[parametrization.name] = parametrization
+
+
 def get(name: str) -> Parametrization:
     if name not in _REGISTRY:
         raise ValueError(f"unknown parametrization {name!r}; known: {', '.join(list_parametrizations())}")
@@ -45,4 +57,4 @@ def apply(model: nn.Module, name: str, *, base_width: int, optimizer: Optimizer 
                   readout_zero_init=readout_zero_init)  # fmt: skip
 
 
-__all__ = ["Applied", "Parametrization", "Rule", "Shape", "apply", "get", "list_parametrizations"]
+__all__ = ["Applied", "Parametrization", "Rule", "Shape", "apply", "get", "list_parametrizations", "register"]
