@@ -74,7 +74,7 @@ def _chunk_index(lengths: Tensor, device) -> tuple[int, int, Tensor, Tensor]:
 @functools.lru_cache(maxsize=64)
 def _equal_lengths_index(batch: int, steps: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """``cu_seqlens``, ``chunk_index`` and ``chunk_offsets`` of ``batch`` sequences of ``steps``, cached per shape
-    (building them costs a host-to-device copy, which waits for the GPU)."""
+    (built on the host and copied to ``device`` once per shape)."""
     cu_seqlens = torch.arange(0, batch + 1, dtype=torch.int32) * steps
     _, _, index, offsets = _chunk_index(torch.full((batch,), steps, dtype=torch.int64), device)
     return to_device(cu_seqlens, device), index, offsets
