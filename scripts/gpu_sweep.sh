@@ -5,6 +5,11 @@
 #   bash scripts/gpu_sweep.sh TABLE SECONDS [linrnn sweep flags...]
 #       trains the grid's missing runs into TABLE (a tracked file: it travels with the working tree) for at most
 #       SECONDS, then copies TABLE, its report and plots to $OUT/sweep/ (copy them back into the repository).
+#   bash scripts/gpu_sweep.sh parallel SECONDS "TABLE [flags...]" "[SCRIPT.py] TABLE [flags...]" ...
+#       several sweeps at once, one process each, sharing the GPU (small widths are host-bound: one process keeps
+#       the GPU about a quarter busy). Copies the tables and logs only (the files that come back are limited);
+#       write the reports and plots locally with `linrnn sweep --report-only`. A job starting with a .py script
+#       runs that script instead of `python3 -m linrnn sweep` (e.g. scripts/sweep_embedding_lr.py).
 # MPS=1 runs everything under the CUDA MPS daemon (several processes' kernels run concurrently), stopped at the end.
 # GPU_TESTS=SECONDS first runs the GPU tests of GPU_TEST_FILES (default tests/models/test_packed_documents.py) for at
 # most SECONDS.
@@ -39,6 +44,26 @@ elif [ "$1" = probe ]; then
   shift 2
   timeout -k 10 "$seconds" python3 scripts/sweep_probe.py "$@" > "$out/probe.log" 2>&1
   grep -v -i warn "$out/probe.log" | tail -30
+elif [ "$1" = parallel ]; then
+  seconds="$2"
+  shift 2
+  for job in "$@"; do
+    read -r -a words <<< "$job"
+    command=(python3 -m linrnn sweep)
+    if [[ "${words[0]}" == *.py ]]; then command=(python3 "${words[0]}"); words=("${words[@]:1}"); fi
+    table="${words[0]}"
+    log="$out/sweep/$(basename "$table" .jsonl).log"
+    timeout -k 10 "$seconds" "${command[@]}" --table "$table" --time-limit $((seconds - 90)) "${words[@]:1}" \
+      > "$log" 2>&1 &
+  done
+  wait
+  for job in "$@"; do
+    read -r -a words <<< "$job"
+    if [[ "${words[0]}" == *.py ]]; then words=("${words[@]:1}"); fi
+    echo "== ${words[0]}"
+    grep -v -i warn "$out/sweep/$(basename "${words[0]}" .jsonl).log" | grep -v "^ *$" | tail -12
+    cp "${words[0]}" "$out/sweep/"
+  done
 else
   table="$1" seconds="$2"
   shift 2

@@ -609,7 +609,8 @@ def run(args) -> int:
 
 
 def write_report(config: SweepConfig, table: Path, out: Path, console) -> int:
-    """Writes ``{table stem}_report.md`` and one plot per (cell, optimizer) into ``out``; prints the summary."""
+    """Writes ``{table stem}_report.md`` and ``{table stem}_lr_transfer_{cell}_{optimizer}.png`` into ``out``; prints the
+    summary."""
     from linrnn.training import sweep_report
 
     settings = config.settings_hash()
@@ -621,7 +622,7 @@ def write_report(config: SweepConfig, table: Path, out: Path, console) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report = out / f"{table.stem}_report.md"
     report.write_text(sweep_report.markdown(curves, rows[0]["settings"]))
-    files = sweep_report.plot(curves, out)
+    files = sweep_report.plot(curves, out, prefix=table.stem)
     trained = {Run(**{key: row[key] for key in Run.model_fields}) for row in rows}
     missing = len(set(config.runs()) - trained)
     console.print(sweep_report.markdown(curves, rows[0]["settings"]).split("\n\n")[0])

@@ -133,7 +133,7 @@ def markdown(curves: list[Curves], settings: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(curves: list[Curves], out_dir: str | Path) -> list[Path]:
+def plot(curves: list[Curves], out_dir: str | Path, prefix: str = "sweep") -> list[Path]:
     """One figure per (cell, optimizer), the parametrizations side by side: shifted validation loss against lr,
     one line per width, the best lr starred, diverged runs as × on the top edge. Returns the files."""
     import matplotlib
@@ -173,7 +173,7 @@ def plot(curves: list[Curves], out_dir: str | Path) -> list[Path]:
         axes[0][-1].legend(title="width", fontsize=8)
         figure.suptitle(f"{cell}: learning-rate transfer, {optimizer}")
         figure.tight_layout()
-        path = out_dir / f"lr_transfer_{cell}_{optimizer}.png"
+        path = out_dir / f"{prefix}_lr_transfer_{cell}_{optimizer}.png"  # prefix: the table's stem, so tables can share a folder
         figure.savefig(path, dpi=130)
         plt.close(figure)
         files.append(path)

@@ -134,7 +134,7 @@ def test_changed_settings_make_every_grid_point_pending_and_the_report_ignores_o
     assert "10 steps" in report and "20 steps" not in report
     assert "width 64" not in report and "adamw" not in report
     assert f"0.1 (edge) ({new[0]['val_loss']:.3f})" in report
-    assert not (tmp_path / "lr_transfer_gated_deltanet_adamw.png").exists()
+    assert not (tmp_path / "sweep_lr_transfer_gated_deltanet_adamw.png").exists()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def test_the_table_has_one_row_per_grid_point(swept):
 def test_the_report_and_plots(swept):
     folder = swept.table.parent
     for optimizer in ("adamw", "sgd"):
-        png = folder / f"lr_transfer_gated_deltanet_{optimizer}.png"
+        png = folder / f"sweep_lr_transfer_gated_deltanet_{optimizer}.png"
         assert png.stat().st_size > 1000 and png.read_bytes()[:8] == PNG_SIGNATURE
     report = (folder / "sweep_report.md").read_text()
     lines = report.splitlines()
