@@ -591,8 +591,9 @@ def run(args) -> int:
         return 2
     if not args.report_only:
         todo = pending(config, args.table)
-        console.print(f"{len(config.runs())} grid points, {len(todo)} runs to train "
-                      f"({config.tokens_per_run:,} tokens each) → {args.table}")  # fmt: skip
+        # the base width is worth seeing: with one width it is that width, and every parametrization there is SP
+        console.print(f"{len(config.runs())} grid points, {len(todo)} runs to train ({config.tokens_per_run:,} "
+                      f"tokens each, base width {config.base}) → {args.table}")  # fmt: skip
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console) as progress:
             task = progress.add_task("training", total=len(todo))
