@@ -45,7 +45,7 @@ else
   table="$1" seconds="$2"
   shift 2
   # no run starts after SECONDS - 90 s, so the run in flight (up to a minute when it autotunes) ends in time
-  # SWEEP="python3 scripts/sweep_embedding_lr.py" runs a script that registers parametrization variants first
+  # SWEEP="python3 scripts/sweep_variants.py" runs a script that registers parametrization variants first
   timeout -k 10 "$seconds" ${SWEEP:-python3 -m linrnn sweep} --table "$table" --time-limit $((seconds - 90)) "$@" \
     > "$out/sweep.log" 2>&1
   grep -v -i warn "$out/sweep.log" | tail -60

@@ -530,6 +530,7 @@ def add_arguments(parser) -> None:
     runs.add_argument("--steps", type=int, default=defaults.steps)
     runs.add_argument("--warmup", type=float, default=defaults.warmup_fraction, help="warmup fraction of the steps")
     runs.add_argument("--min-lr-factor", type=float, default=defaults.min_lr_factor)
+    runs.add_argument("--max-norm", type=float, default=defaults.max_norm, help="gradient clipping threshold")
     runs.add_argument("--validation-batches", type=int, help="default: the whole held-out set")
     runs.add_argument("--seed", type=int, default=defaults.seed)
     where = parser.add_argument_group("where")
@@ -570,6 +571,7 @@ def config_from_args(args) -> SweepConfig:
         steps=args.steps,
         warmup_fraction=args.warmup,
         min_lr_factor=args.min_lr_factor,
+        max_norm=args.max_norm,
         validation_batches=args.validation_batches,
         seed=args.seed,
     )
@@ -610,8 +612,8 @@ def run(args) -> int:
 
 
 def write_report(config: SweepConfig, table: Path, out: Path, console) -> int:
-    """Writes ``{table stem}_report.md`` and ``{table stem}_lr_transfer_{cell}_{optimizer}.png`` into ``out``; prints the
-    summary."""
+    """Writes ``{table stem}_report.md`` and ``{table stem}_lr_transfer_{cell}_{optimizer}.png`` into ``out``;
+    prints the summary."""
     from linrnn.training import sweep_report
 
     settings = config.settings_hash()

@@ -173,7 +173,8 @@ def plot(curves: list[Curves], out_dir: str | Path, prefix: str = "sweep") -> li
         axes[0][-1].legend(title="width", fontsize=8)
         figure.suptitle(f"{cell}: learning-rate transfer, {optimizer}")
         figure.tight_layout()
-        path = out_dir / f"{prefix}_lr_transfer_{cell}_{optimizer}.png"  # prefix: the table's stem, so tables can share a folder
+        # prefix: the table's stem, so tables can share a folder
+        path = out_dir / f"{prefix}_lr_transfer_{cell}_{optimizer}.png"
         figure.savefig(path, dpi=130)
         plt.close(figure)
         files.append(path)

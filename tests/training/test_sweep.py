@@ -84,6 +84,14 @@ def test_cli_arguments_give_the_config():
     assert len(CONFIG.runs()) == 3 * (2 * 3 + 2 * 2)  # parametrizations × widths × lrs per optimizer
 
 
+def test_max_norm_is_a_training_setting():
+    """``--max-norm`` reaches the config and changes the settings hash (a table keeps clipped and unclipped
+    runs apart)."""
+    unclipped = sweep.config_from_args(cli.build_parser().parse_args([*GRID, "--max-norm", "1e6"]))
+    assert unclipped.max_norm == 1e6 and CONFIG.max_norm == 1.0
+    assert unclipped.settings_hash() != CONFIG.settings_hash()
+
+
 # ----------------------------------------------------------------------------------------------------------
 # resuming
 
@@ -323,6 +331,7 @@ def test_bad_cli_arguments(tmp_path):
     assert cli.main([*GRID, "--workers", "0", "--table", str(table)]) == 2
     assert cli.main([*GRID, "--base-width", "48", "--table", str(table)]) == 2
     assert cli.main([*GRID, "--params", "umup", "--table", str(table)]) == 2
+    assert cli.main([*GRID, "--max-norm", "0", "--table", str(table)]) == 2
     assert not table.exists()
 
 
