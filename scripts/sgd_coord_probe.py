@@ -2,7 +2,9 @@
 SGD"): the sweep's model and optimizer (Nesterov momentum 0.98, clipping at 1, warmup then cosine) on the
 embedded corpus, at several widths, recording every module's mean |output coordinate| at every training step.
 Prints, per parametrization, the training loss per width and the modules whose size moves most with width
-(slope of log size against log width), and writes everything to a JSON file.
+(slope of log size against log width), and writes everything to a JSON file. ``--kernel`` instead prints, at
+init, the overlap K = h·h'/n of the final hidden states (the readout's input) between positions of one batch:
+what one SGD step of the readout at one position does to the logits at the others is proportional to it.
 
     python scripts/sgd_coord_probe.py --params sp mup gdn-mup --widths 128 256 512 --steps 40 \\
         --json docs/results/sweeps/gdn_sgd_coord_probe.json
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--max-norm", type=float, default=1.0)
     parser.add_argument("--report-steps", nargs="+", type=int, default=[1, 5, 10, 20, 30, 40])
     parser.add_argument("--json", help="write the sizes here")
+    parser.add_argument("--kernel", action="store_true", help="print the readout's input overlaps at init, then stop")
     args = parser.parse_args()
 
     config = sweep.SweepConfig(
@@ -42,6 +45,9 @@ def main() -> None:
         batch_size=args.batch_size, seq_len=args.seq_len, max_norm=args.max_norm, validation_batches=1,
     )  # fmt: skip
     corpus = sweep.Corpus(config)
+    if args.kernel:
+        readout_kernel(config, corpus)
+        return
     sizes: dict = defaultdict(dict)  # (param, width) → module → [size per step]
     losses: dict = {}
     build = sweep.build_model
@@ -110,6 +116,31 @@ def main() -> None:
                 },
                 file,
             )  # fmt: skip
+
+
+@torch.no_grad()
+def readout_kernel(config, corpus) -> None:
+    """Mean of K = h_t·h_s / n over pairs of positions t ≠ s of the first training batch, with the same token id
+    and with different ids, at init (h: the final norm's output, the readout's input)."""
+    inputs, _ = next(corpus.batches(corpus.train))
+    ids = inputs["input"].flatten()
+    same = (ids[:, None] == ids[None, :]).float() - torch.eye(len(ids))
+    different = (ids[:, None] != ids[None, :]).float()
+    print(f"positions: {len(ids)}; pairs with the same token id: {float(same.sum() / (len(ids) ** 2 - len(ids))):.2%}")
+    print("| parametrization | width | K, same id | K, different ids: mean | mean abs |")
+    print("|---|---|---|---|---|")
+    for param in config.parametrizations:
+        for width in config.widths:
+            run = sweep.Run(cell=config.cells[0], optimizer="sgd", parametrization=param, width=width, lr=1.0)
+            model = sweep.build_model(config, run, torch.device("cpu"))
+            captured = {}
+            model.model.norm.register_forward_hook(lambda module, args, output, into=captured: into.update(h=output))
+            model(inputs["input"], positions=inputs["positions"])
+            h = captured["h"].flatten(0, 1)  # [positions, width]
+            kernel = h @ h.T / width
+            mean = [float((kernel * mask).sum() / mask.sum()) for mask in (same, different)]
+            abs_mean = float((kernel.abs() * different).sum() / different.sum())
+            print(f"| {param} | {width} | {mean[0]:.3f} | {mean[1]:.2e} | {abs_mean:.4f} |")
 
 
 if __name__ == "__main__":
