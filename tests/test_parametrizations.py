@@ -85,6 +85,32 @@ def test_embedding_readout_and_multipliers():
     assert std == pytest.approx(0.02 / 2, rel=0.05)  # σ / √m_in
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_readout_bias_is_added_after_the_logit_multiplier(optimizer):
+    """The logit bias starts at zero, is added outside the 1/m multiplier and has a fixed size: lr multiplier 1 and
+    no weight decay under muP at any width, so its step moves the logits equally at every width."""
+    torch.manual_seed(0)
+    model = linrnn.build_model("gdn", hidden_size=256, tie_embeddings=False, readout_bias=True)
+    applied = P.apply(model, "gdn-mup", base_width=64, optimizer=optimizer, readout_zero_init=True)
+    assert applied.roles["logit_bias"] == "bias" and applied.lr_multipliers()["logit_bias"] == 1.0
+    assert not model.logit_bias.any()
+    groups = applied.param_groups(0.1, weight_decay=0.1)
+    (group,) = [g for g in groups if any(p is model.logit_bias for p in g["params"])]
+    assert group["weight_decay"] == 0.0
+    ids = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        model.lm_head.weight.normal_()
+        without = model(ids)
+        model.logit_bias.normal_()
+        torch.testing.assert_close(model(ids), without + model.logit_bias)
+    assert model.config.logit_multiplier == pytest.approx(1 / 4)
+    targets = torch.randint(0, 256, (2, 9))
+    torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), targets.flatten()).backward()
+    probabilities = model(ids).detach().softmax(-1).flatten(0, 1)
+    expected = (probabilities - torch.nn.functional.one_hot(targets.flatten(), 256)).mean(0)
+    torch.testing.assert_close(model.logit_bias.grad, expected)  # ∂L/∂b: the mean δ, no 1/m factor
+
+
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_base_width_is_sp(cell, optimizer):

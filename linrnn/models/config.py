@@ -26,6 +26,7 @@ class ModelConfig(BaseModel):
     norm_eps: float = Field(1e-6, gt=0)
     init_std: float = Field(0.02, gt=0)
     logit_multiplier: float = Field(1.0, gt=0, description="multiplies the logits (muP: base_width / width)")
+    readout_bias: bool = Field(False, description="a learned bias per vocabulary entry, added after logit_multiplier")
     checkpoint_activations: bool = Field(False, description="recompute each block in backward (less memory)")
     mixer: dict[str, Any] = Field(default_factory=dict, description="MixerOptions set explicitly")
 

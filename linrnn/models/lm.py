@@ -66,6 +66,9 @@ class LanguageModel(nn.Module):
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # outside lm_head so that logit_multiplier scales W h only: the bias's step moves the logits by the same
+        # amount at every width
+        self.logit_bias = nn.Parameter(torch.empty(config.vocab_size)) if config.readout_bias else None
         self.reset_parameters()
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -77,9 +80,12 @@ class LanguageModel(nn.Module):
                 nn.init.normal_(module.weight, std=self.config.init_std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+        if self.logit_bias is not None:
+            nn.init.zeros_(self.logit_bias)
 
     def local_param_roles(self) -> dict[str, str]:
-        return {"embed.weight": "embedding", "norm.weight": "norm", "lm_head.weight": "readout"}
+        roles = {"embed.weight": "embedding", "norm.weight": "norm", "lm_head.weight": "readout"}
+        return roles | ({"logit_bias": "bias"} if self.logit_bias is not None else {})
 
     def forward(
         self,
@@ -116,6 +122,8 @@ class LanguageModel(nn.Module):
         logits = self.lm_head(self.norm(x).reshape(*input_ids.shape, -1))
         if self.config.logit_multiplier != 1:
             logits = logits * self.config.logit_multiplier
+        if self.logit_bias is not None:
+            logits = logits + self.logit_bias
         return (logits, new_state) if return_state else logits
 
     @staticmethod

@@ -71,6 +71,7 @@ class SweepConfig(BaseModel):
     momentum: float = 0.98  # SGD, Nesterov (seed 000 §6)
     max_norm: float = Field(1.0, gt=0)
     readout_zero_init: bool = True
+    readout_bias: bool = False  # a learned logit bias outside the logit multiplier (docs/sweeps.md, SGD)
     validation_batches: int | None = Field(None, gt=0, description="default: the whole held-out set")
     seed: int = 0
 
@@ -113,6 +114,8 @@ class SweepConfig(BaseModel):
     def settings(self) -> dict:
         """The training settings: everything but the grid axes (with the base width resolved)."""
         settings = self.model_dump(exclude={"cells", "optimizers", "parametrizations", "widths", "lrs"})
+        if not settings["readout_bias"]:
+            del settings["readout_bias"]  # added later: tables written before it keep their settings hash
         return {**settings, "base_width": self.base}
 
     def settings_hash(self) -> str:
@@ -264,6 +267,7 @@ def model_spec(config: SweepConfig, run: Run):
             num_heads=config.num_heads,
             intermediate_size=4 * run.width,
             tie_embeddings=not config.readout_zero_init,
+            readout_bias=config.readout_bias,
         ),
         parametrization=run.parametrization,
         base_width=config.base,
@@ -531,6 +535,7 @@ def add_arguments(parser) -> None:
     runs.add_argument("--warmup", type=float, default=defaults.warmup_fraction, help="warmup fraction of the steps")
     runs.add_argument("--min-lr-factor", type=float, default=defaults.min_lr_factor)
     runs.add_argument("--max-norm", type=float, default=defaults.max_norm, help="gradient clipping threshold")
+    runs.add_argument("--readout-bias", action="store_true", help="a learned logit bias (outside the multiplier)")
     runs.add_argument("--validation-batches", type=int, help="default: the whole held-out set")
     runs.add_argument("--seed", type=int, default=defaults.seed)
     where = parser.add_argument_group("where")
@@ -572,6 +577,7 @@ def config_from_args(args) -> SweepConfig:
         warmup_fraction=args.warmup,
         min_lr_factor=args.min_lr_factor,
         max_norm=args.max_norm,
+        readout_bias=args.readout_bias,
         validation_batches=args.validation_batches,
         seed=args.seed,
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 pytest.importorskip("torchtitan")
@@ -90,6 +91,18 @@ def test_max_norm_is_a_training_setting():
     unclipped = sweep.config_from_args(cli.build_parser().parse_args([*GRID, "--max-norm", "1e6"]))
     assert unclipped.max_norm == 1e6 and CONFIG.max_norm == 1.0
     assert unclipped.settings_hash() != CONFIG.settings_hash()
+
+
+def test_readout_bias_reaches_the_model_and_leaves_old_settings_alone():
+    """``--readout-bias`` builds the logit bias and changes the settings hash; without it the settings have no
+    such key, so tables written before the option existed keep their hash."""
+    with_bias = sweep.config_from_args(cli.build_parser().parse_args([*GRID, "--readout-bias"]))
+    assert with_bias.readout_bias and "readout_bias" not in CONFIG.settings()
+    assert with_bias.settings_hash() != CONFIG.settings_hash()
+    run = sweep.Run(cell="gated_deltanet", optimizer="sgd", parametrization="gdn-mup", width=64, lr=0.1)
+    model = sweep.build_model(with_bias, run, torch.device("cpu"))
+    assert model.applied.roles["logit_bias"] == "bias"
+    assert "logit_bias" not in sweep.build_model(CONFIG, run, torch.device("cpu")).applied.roles
 
 
 # ----------------------------------------------------------------------------------------------------------
