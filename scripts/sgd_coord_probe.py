@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--max-norm", type=float, default=1.0)
+    parser.add_argument("--readout-bias", action="store_true", help="a logit bias outside the logit multiplier")
     parser.add_argument("--report-steps", nargs="+", type=int, default=[1, 5, 10, 20, 30, 40])
     parser.add_argument("--json", help="write the sizes here")
     parser.add_argument("--kernel", action="store_true", help="print the readout's input overlaps at init, then stop")
@@ -43,6 +44,7 @@ def main() -> None:
         cells=[args.cell], optimizers=["sgd"], parametrizations=args.params, widths=args.widths,
         lrs={"adamw": [1e-3], "sgd": [args.lr]}, steps=args.steps, warmup_fraction=args.warmup, num_layers=args.layers,
         batch_size=args.batch_size, seq_len=args.seq_len, max_norm=args.max_norm, validation_batches=1,
+        readout_bias=args.readout_bias,
     )  # fmt: skip
     corpus = sweep.Corpus(config)
     if args.kernel:
