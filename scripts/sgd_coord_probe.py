@@ -12,7 +12,6 @@ what one SGD step of the readout at one position does to the logits at the other
 
 import argparse
 import json
-import math
 import re
 from collections import defaultdict
 
@@ -53,7 +52,6 @@ def main() -> None:
     sizes: dict = defaultdict(dict)  # (param, width) → module → [size per step]
     losses: dict = {}
     build = sweep.build_model
-    current: dict = {}
 
     def build_with_hooks(config, run, device):
         model = build(config, run, device)
@@ -71,7 +69,6 @@ def main() -> None:
             if name.startswith("model.") and not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
                 module.register_forward_hook(hook(name.removeprefix("model.")))
         model.register_forward_hook(hook("logits"))
-        current["model"] = model
         return model
 
     sweep.build_model = build_with_hooks
@@ -94,7 +91,7 @@ def main() -> None:
         for step in args.report_steps:
             per_family = defaultdict(list)
             for name in sizes[(param, config.widths[0])]:
-                values = [sizes[(param, w)].get(name, [math.nan] * (step + 1)) for w in config.widths]
+                values = [sizes[(param, w)][name] for w in config.widths]
                 if any(len(v) < step for v in values):
                     continue
                 y = np.log(np.maximum([v[step - 1] for v in values], 1e-30))
@@ -107,7 +104,7 @@ def main() -> None:
         for f in worst:
             cells = [f"{slopes[s][f][0]:+.2f}" if f in slopes[s] else "–" for s in args.report_steps]
             print(f"| {slopes[last][f][1]} | " + " | ".join(cells) + " |")
-        report[param] = {str(s): {f: v for f, v in slopes[s].items()} for s in args.report_steps}
+        report[param] = {str(s): slopes[s] for s in args.report_steps}
     if args.json:
         with open(args.json, "w") as file:
             json.dump(
