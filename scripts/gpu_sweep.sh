@@ -2,6 +2,7 @@
 # Issue 7 on the GPU machine: learning-rate transfer sweeps (linrnn sweep), resumable across device calls.
 #   bash scripts/gpu_sweep.sh probe SECONDS [sweep_probe.py flags]   # tokens/s, one process and several
 #   bash scripts/gpu_sweep.sh profile [SECONDS]     # torch.profiler of short runs at widths 128 and 1024
+#   bash scripts/gpu_sweep.sh coord SECONDS [sgd_coord_probe.py flags]   # the coordinate probe (--json under $OUT)
 #   bash scripts/gpu_sweep.sh TABLE SECONDS [linrnn sweep flags...]
 #       trains the grid's missing runs into TABLE (a tracked file: it travels with the working tree) for at most
 #       SECONDS, then copies TABLE to $OUT/sweep/ (copy it back into the repository; only 8 files come back, so write
@@ -36,6 +37,11 @@ fi
 if [ "$1" = profile ]; then
   timeout -k 10 "${2:-300}" python3 scripts/sweep_profile.py > "$out/profile.log" 2>&1
   grep -v -i warn "$out/profile.log" | tail -150
+elif [ "$1" = coord ]; then
+  seconds="$2"
+  shift 2
+  timeout -k 10 "$seconds" python3 scripts/sgd_coord_probe.py --device cuda "$@" > "$out/coord.log" 2>&1
+  grep -v -i warn "$out/coord.log" | tail -150
 elif [ "$1" = probe ]; then
   seconds="$2"
   shift 2

@@ -535,6 +535,7 @@ def add_arguments(parser) -> None:
     runs.add_argument("--warmup", type=float, default=defaults.warmup_fraction, help="warmup fraction of the steps")
     runs.add_argument("--min-lr-factor", type=float, default=defaults.min_lr_factor)
     runs.add_argument("--max-norm", type=float, default=defaults.max_norm, help="gradient clipping threshold")
+    runs.add_argument("--momentum", type=float, default=defaults.momentum, help="SGD's Nesterov momentum")
     runs.add_argument("--readout-bias", action="store_true", help="a learned logit bias (outside the multiplier)")
     runs.add_argument("--validation-batches", type=int, help="default: the whole held-out set")
     runs.add_argument("--seed", type=int, default=defaults.seed)
@@ -577,6 +578,7 @@ def config_from_args(args) -> SweepConfig:
         warmup_fraction=args.warmup,
         min_lr_factor=args.min_lr_factor,
         max_norm=args.max_norm,
+        momentum=args.momentum,
         readout_bias=args.readout_bias,
         validation_batches=args.validation_batches,
         seed=args.seed,

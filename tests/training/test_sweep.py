@@ -85,12 +85,13 @@ def test_cli_arguments_give_the_config():
     assert len(CONFIG.runs()) == 3 * (2 * 3 + 2 * 2)  # parametrizations × widths × lrs per optimizer
 
 
-def test_max_norm_is_a_training_setting():
-    """``--max-norm`` reaches the config and changes the settings hash (a table keeps clipped and unclipped
-    runs apart)."""
-    unclipped = sweep.config_from_args(cli.build_parser().parse_args([*GRID, "--max-norm", "1e6"]))
-    assert unclipped.max_norm == 1e6 and CONFIG.max_norm == 1.0
-    assert unclipped.settings_hash() != CONFIG.settings_hash()
+@pytest.mark.parametrize(("flag", "field", "value"), [("--max-norm", "max_norm", 1e6), ("--momentum", "momentum", 0.9)])
+def test_training_settings_reach_the_config_and_the_hash(flag, field, value):
+    """``--max-norm`` and ``--momentum`` reach the config and change the settings hash (a table keeps clipped and
+    unclipped runs, or two momenta, apart)."""
+    changed = sweep.config_from_args(cli.build_parser().parse_args([*GRID, flag, str(value)]))
+    assert getattr(changed, field) == value != getattr(CONFIG, field)
+    assert changed.settings_hash() != CONFIG.settings_hash()
 
 
 def test_readout_bias_reaches_the_model_and_leaves_old_settings_alone():
