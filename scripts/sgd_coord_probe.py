@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--max-norm", type=float, default=1.0)
     parser.add_argument("--readout-bias", action="store_true", help="a logit bias outside the logit multiplier")
+    parser.add_argument("--heads-grow", action="store_true", help="heads grow with width (fixed head dimensions)")
     parser.add_argument("--report-steps", nargs="+", type=int, default=[1, 5, 10, 20, 30, 40])
     parser.add_argument("--json", help="write the sizes here")
     parser.add_argument("--save-every", type=int, default=1, help="steps between the sizes written to --json")
@@ -54,7 +55,7 @@ def main() -> None:
         cells=[args.cell], optimizers=[args.optimizer], parametrizations=args.params, widths=args.widths,
         lrs={args.optimizer: [args.lr]}, steps=args.steps, warmup_fraction=args.warmup, num_layers=args.layers,
         batch_size=args.batch_size, seq_len=args.seq_len, max_norm=args.max_norm, validation_batches=1,
-        readout_bias=args.readout_bias,
+        readout_bias=args.readout_bias, heads_grow=args.heads_grow,
     )  # fmt: skip
     corpus = sweep.Corpus(config)
     if args.kernel:

@@ -111,6 +111,22 @@ def test_readout_bias_is_added_after_the_logit_multiplier(optimizer):
     torch.testing.assert_close(model.logit_bias.grad, expected)  # ∂L/∂b: the mean δ, no 1/m factor
 
 
+def test_heads_growing_with_width_keep_head_dimensions_and_the_multiplier_at_one():
+    """With ``base_num_heads`` the base model has that many heads: a model at 4× the width with 4× the heads has
+    the base's head dimensions, so §4.3's multiplier is 1, the per-head gate projections are hidden-like (fan-out
+    grows too) and the per-head scalars grow as vectors. Without it the base keeps the model's heads."""
+    model = linrnn.build_model("gdn", hidden_size=256, num_heads=8)
+    applied = P.apply(model, "mup", base_width=64, optimizer="sgd", base_num_heads=2)
+    assert model.layers[0].mixer.config.output_multiplier == 1.0
+    assert applied.shapes["layers.0.mixer.f_proj.weight"].m_out == 4.0
+    assert applied.shapes["layers.0.mixer.A_log"].m_out == 4.0
+    fixed_heads = P.apply(linrnn.build_model("gdn", hidden_size=256, num_heads=8), "mup", base_width=64)
+    assert fixed_heads.shapes["layers.0.mixer.f_proj.weight"].m_out == 1.0
+    assert fixed_heads.model.layers[0].mixer.config.output_multiplier == 4.0  # the base's heads are 4× narrower
+    with pytest.raises(ValueError, match=r"base_num_heads.*positive integer.*got 0"):
+        P.apply(linrnn.build_model("gdn", hidden_size=256, num_heads=8), "mup", base_width=64, base_num_heads=0)
+
+
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_base_width_is_sp(cell, optimizer):

@@ -48,13 +48,15 @@ def get(name: str) -> Parametrization:
 
 
 def apply(model: nn.Module, name: str, *, base_width: int, optimizer: Optimizer = "adamw",
-          pre_norm_multiplier: bool | None = None, readout_zero_init: bool = False) -> Applied:  # fmt: skip
+          pre_norm_multiplier: bool | None = None, readout_zero_init: bool = False,
+          base_num_heads: int | None = None) -> Applied:  # fmt: skip
     """Applies parametrization ``name`` to a ``LanguageModel`` whose width is ``model.config.hidden_size``,
     relative to ``base_width``; returns the rules, with ``param_groups(lr, weight_decay)`` for an optimizer.
     ``pre_norm_multiplier``: seed 000 §4.3's multiplier before the output RMSNorm (default on for mup, gdn-mup);
-    ``readout_zero_init``: an untied readout starts at zero (every parametrization alike)."""
+    ``readout_zero_init``: an untied readout starts at zero (every parametrization alike); ``base_num_heads``: the
+    base model's head count where heads grow with width (default: the model's)."""
     return _apply(model, get(name), base_width=base_width, optimizer=optimizer, pre_norm_multiplier=pre_norm_multiplier,
-                  readout_zero_init=readout_zero_init)  # fmt: skip
+                  readout_zero_init=readout_zero_init, base_num_heads=base_num_heads)  # fmt: skip
 
 
 __all__ = ["Applied", "Parametrization", "Rule", "Shape", "apply", "get", "list_parametrizations", "register"]

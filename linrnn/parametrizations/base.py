@@ -139,12 +139,14 @@ def apply(
     optimizer: Optimizer = "adamw",
     pre_norm_multiplier: bool | None = None,
     readout_zero_init: bool = False,
+    base_num_heads: int | None = None,
 ) -> Applied:
     """Re-initialises ``model`` (a ``LanguageModel``) per role, installs the multipliers and returns the rules.
     ``pre_norm_multiplier`` (default: the parametrization's) switches seed 000 §4.3's multiplier on or off.
     ``readout_zero_init`` starts an untied readout at zero (Tensor Programs V's recommendation under muP, where a
     random readout's logits vanish at init as m^(-1/2)); it does the same under every parametrization, so the base
-    width still gives one model."""
+    width still gives one model. ``base_num_heads`` (default: the model's) is the base model's head count, for
+    models whose heads grow with width at fixed head dimensions."""
     from linrnn.models import LanguageModel, ModelConfig
 
     if not isinstance(model, LanguageModel):
@@ -153,6 +155,8 @@ def apply(
         raise ValueError(f"apply: argument 'optimizer' must be 'adamw' or 'sgd', got {optimizer!r}")
     if not isinstance(base_width, int) or base_width < 1:
         raise ValueError(f"apply: argument 'base_width' must be a positive integer, got {base_width!r}")
+    if base_num_heads is not None and (not isinstance(base_num_heads, int) or base_num_heads < 1):
+        raise ValueError(f"apply: argument 'base_num_heads' must be a positive integer or None, got {base_num_heads!r}")
     roles = param_roles(model)  # raises for a parameter without a role
     config = model.config
     if readout_zero_init and config.tie_embeddings:
@@ -161,6 +165,8 @@ def apply(
     base_values = config.model_dump()
     base_values["hidden_size"] = base_width
     base_values["intermediate_size"] = round(config.intermediate_size * base_width / config.hidden_size)
+    if base_num_heads is not None:
+        base_values["num_heads"] = base_num_heads
     try:
         base_config = ModelConfig(**base_values)
         with torch.device("meta"):

@@ -33,6 +33,7 @@ class TitanLanguageModel(BaseModel):
         base_width: int = 64
         optimizer: str = "adamw"  # which parametrization table applies: "adamw" or "sgd"
         readout_zero_init: bool = False
+        base_num_heads: int | None = None  # the base model's, when heads grow with width (default: the model's)
         seed: int = 0  # the run's seed (debug.seed), taken in update_from_config
 
         def model_config(self) -> ModelConfig:
@@ -81,6 +82,7 @@ class TitanLanguageModel(BaseModel):
             base_width=cfg.base_width,
             optimizer=cfg.optimizer,
             readout_zero_init=cfg.readout_zero_init,
+            base_num_heads=cfg.base_num_heads,
         )
         # the multipliers apply lives in the configs
         self.model.config.logit_multiplier = source.config.logit_multiplier

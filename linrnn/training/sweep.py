@@ -72,6 +72,8 @@ class SweepConfig(BaseModel):
     max_norm: float = Field(1.0, gt=0)
     readout_zero_init: bool = True
     readout_bias: bool = False  # a learned logit bias outside the logit multiplier (docs/sweeps.md, SGD)
+    # heads grow with width (num_heads at the base width), so head dimensions stay the base width's (docs/sweeps.md)
+    heads_grow: bool = False
     validation_batches: int | None = Field(None, gt=0, description="default: the whole held-out set")
     seed: int = 0
 
@@ -101,11 +103,18 @@ class SweepConfig(BaseModel):
             raise ValueError(f"base_width must be one of the widths {self.widths}, got {self.base_width}")
         if len(set(self.widths)) != len(self.widths) or any(w < 1 for w in self.widths):
             raise ValueError(f"widths must be distinct positive integers, got {self.widths}")
+        if self.heads_grow and any(w * self.num_heads % self.base for w in self.widths):
+            raise ValueError(f"heads_grow: every width × num_heads ({self.num_heads}) must be a multiple of the base "
+                             f"width {self.base}, got widths {self.widths}")  # fmt: skip
         return self
 
     @property
     def base(self) -> int:
         return self.base_width or min(self.widths)
+
+    def heads(self, width: int) -> int:
+        """The head count at ``width``: ``num_heads``, or with ``heads_grow`` num_heads · width / base."""
+        return self.num_heads * width // self.base if self.heads_grow else self.num_heads
 
     @property
     def tokens_per_run(self) -> int:
@@ -114,8 +123,9 @@ class SweepConfig(BaseModel):
     def settings(self) -> dict:
         """The training settings: everything but the grid axes (with the base width resolved)."""
         settings = self.model_dump(exclude={"cells", "optimizers", "parametrizations", "widths", "lrs"})
-        if not settings["readout_bias"]:
-            del settings["readout_bias"]  # added later: tables written before it keep their settings hash
+        for added_later in ("readout_bias", "heads_grow"):  # off: tables written before them keep their hash
+            if not settings[added_later]:
+                del settings[added_later]
         return {**settings, "base_width": self.base}
 
     def settings_hash(self) -> str:
@@ -264,7 +274,7 @@ def model_spec(config: SweepConfig, run: Run):
             vocab_size=config.vocab_size,
             hidden_size=run.width,
             num_layers=config.num_layers,
-            num_heads=config.num_heads,
+            num_heads=config.heads(run.width),
             intermediate_size=4 * run.width,
             tie_embeddings=not config.readout_zero_init,
             readout_bias=config.readout_bias,
@@ -273,6 +283,7 @@ def model_spec(config: SweepConfig, run: Run):
         base_width=config.base,
         optimizer=run.optimizer,
         readout_zero_init=config.readout_zero_init,
+        base_num_heads=config.num_heads if config.heads_grow else None,
         seed=config.seed,
     )
 
@@ -537,6 +548,8 @@ def add_arguments(parser) -> None:
     runs.add_argument("--max-norm", type=float, default=defaults.max_norm, help="gradient clipping threshold")
     runs.add_argument("--momentum", type=float, default=defaults.momentum, help="SGD's Nesterov momentum")
     runs.add_argument("--readout-bias", action="store_true", help="a learned logit bias (outside the multiplier)")
+    runs.add_argument("--heads-grow", action="store_true",
+                      help="--heads at the base width, growing with width (fixed head dimensions)")  # fmt: skip
     runs.add_argument("--validation-batches", type=int, help="default: the whole held-out set")
     runs.add_argument("--seed", type=int, default=defaults.seed)
     where = parser.add_argument_group("where")
@@ -580,6 +593,7 @@ def config_from_args(args) -> SweepConfig:
         max_norm=args.max_norm,
         momentum=args.momentum,
         readout_bias=args.readout_bias,
+        heads_grow=args.heads_grow,
         validation_batches=args.validation_batches,
         seed=args.seed,
     )

@@ -106,6 +106,21 @@ def test_readout_bias_reaches_the_model_and_leaves_old_settings_alone():
     assert "logit_bias" not in sweep.build_model(CONFIG, run, torch.device("cpu")).applied.roles
 
 
+def test_heads_grow_with_width_at_fixed_head_dimensions():
+    """``--heads-grow`` gives ``--heads`` heads at the base width and proportionally more above it, at the base's
+    head dimensions; it changes the settings hash, is absent from the settings when off, and refuses widths whose
+    head count would not be whole."""
+    growing = sweep.config_from_args(cli.build_parser().parse_args([*GRID, "--heads-grow"]))
+    assert growing.heads(32) == 2 and growing.heads(64) == 4 and CONFIG.heads(64) == 2
+    assert "heads_grow" not in CONFIG.settings() and growing.settings_hash() != CONFIG.settings_hash()
+    run = sweep.Run(cell="gated_deltanet", optimizer="sgd", parametrization="mup", width=64, lr=0.1)
+    wide = sweep.build_model(growing, run, torch.device("cpu")).model.layers[0].mixer
+    base = sweep.build_model(growing, run.model_copy(update={"width": 32}), torch.device("cpu")).model.layers[0].mixer
+    assert wide.num_heads == 4 and wide.head_k_dim == base.head_k_dim and wide.config.output_multiplier == 1.0
+    with pytest.raises(ValidationError, match="heads_grow.*multiple of the base width 32"):
+        config(widths=[32, 48], heads_grow=True, num_heads=1)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # resuming
 
