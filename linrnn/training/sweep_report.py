@@ -4,7 +4,10 @@ transfer score: the largest distance, in steps of the learning-rate grid, betwee
 and the base width's (0: the optimum stays put; diverged runs count as worse than any finished one, and a width
 where every run diverged counts as the largest possible distance), and the transfer regret: the largest loss, over
 widths, of training at the base width's best learning rate instead of the width's own best (what zero-shot transfer
-costs, in nats per token; less sensitive than the argmin to run-to-run noise in a flat basin)."""
+costs, in nats per token; less sensitive than the argmin to run-to-run noise in a flat basin). Where a basin is
+flat, the argmin is decided by noise; the fitted optimum (the vertex of a parabola in log lr through a width's
+finished runs) and the fitted shift (its largest distance from the base width's, in grid steps) describe where
+the basin's centre moves instead."""
 
 from __future__ import annotations
 
@@ -70,6 +73,30 @@ class Curves:
         regrets = [self.shifted(w).get(base[0], 0.0) for w in self.widths]
         return max(math.inf if r is None else r for r in regrets)
 
+    def fitted_lr(self, width: int) -> float | None:
+        """The vertex of the least-squares parabola in log lr through the width's finished runs (at least 3).
+        None where the parabola opens downward or its vertex lies outside the runs' lr range (no interior
+        optimum)."""
+        finished = sorted((lr, loss) for lr, loss in self.losses.get(width, {}).items() if loss is not None)
+        if len(finished) < 3:
+            return None
+        log_lrs = np.log([lr for lr, _ in finished])
+        curvature, slope, _ = np.polyfit(log_lrs, [loss for _, loss in finished], 2)
+        if curvature <= 0:
+            return None
+        vertex = -slope / (2 * curvature)
+        return float(np.exp(vertex)) if log_lrs[0] <= vertex <= log_lrs[-1] else None
+
+    def fitted_shift(self) -> float | None:
+        """max over widths of |log(fitted lr / the base width's fitted lr)|, in grid steps (the median log ratio
+        of neighbouring grid lrs); None where the base width or any other width has no fitted optimum."""
+        fitted = [self.fitted_lr(w) for w in self.widths]
+        if self.base_width not in self.losses or len(self.lrs) < 2 or any(lr is None for lr in fitted):
+            return None
+        base = self.fitted_lr(self.base_width)
+        step = float(np.median(np.diff(np.log(self.lrs))))
+        return max(abs(math.log(lr / base)) for lr in fitted) / step
+
 
 def collect(rows: list[dict]) -> list[Curves]:
     """Rows of one sweep (same settings) → curves, ordered by cell, optimizer and parametrization."""
@@ -85,6 +112,42 @@ def collect(rows: list[dict]) -> list[Curves]:
     order = list(PARAMETRIZATION_LABELS)
     return sorted(curves.values(), key=lambda c: (c.cell, c.optimizer, order.index(c.parametrization)
                                                    if c.parametrization in order else len(order)))  # fmt: skip
+
+
+def mean_over_seeds(tables: dict[str, list[dict]]) -> tuple[list[dict], dict[tuple, float]]:
+    """Rows of several sweeps that differ only in their seed (table name → rows) → one row per grid point run in
+    every table, with the mean validation loss (diverged if any seed diverged), and each point's spread over the
+    seeds (max − min; None where one diverged). The rows' settings get the list of seeds."""
+    reference_name, reference = None, None
+    points: dict[tuple, list[dict]] = defaultdict(list)
+    seeds = []
+    for name, rows in tables.items():
+        if not rows:
+            raise ValueError(f"mean_over_seeds: table {name} has no rows")
+        settings = {key: value for key, value in rows[0]["settings"].items() if key != "seed"}
+        if reference is None:
+            reference_name, reference = name, settings
+        elif settings != reference:
+            differ = sorted(k for k in settings.keys() | reference.keys() if settings.get(k) != reference.get(k))
+            raise ValueError(f"mean_over_seeds: table {name}'s settings differ from {reference_name}'s in {differ}, "
+                             "expected only the seed to differ")  # fmt: skip
+        seed = rows[0]["settings"]["seed"]
+        if seed in seeds:
+            raise ValueError(f"mean_over_seeds: table {name} has seed {seed}, already in another table; expected "
+                             "one table per seed")  # fmt: skip
+        seeds.append(seed)
+        for row in rows:
+            points[row["cell"], row["optimizer"], row["parametrization"], row["width"], row["lr"]].append(row)
+    mean_rows, spread = [], {}
+    for point, rows in points.items():
+        if len(rows) < len(tables):
+            continue  # not run under every seed
+        diverged = any(row["diverged"] for row in rows)
+        losses = [row["val_loss"] for row in rows]
+        spread[point] = None if diverged else max(losses) - min(losses)
+        mean_rows.append({**rows[0], "diverged": diverged, "val_loss": None if diverged else float(np.mean(losses)),
+                          "settings": {**rows[0]["settings"], "seed": sorted(seeds)}})  # fmt: skip
+    return mean_rows, spread
 
 
 def markdown(curves: list[Curves], settings: dict) -> str:
@@ -115,9 +178,27 @@ def markdown(curves: list[Curves], settings: dict) -> str:
         "Transfer regret: largest loss (nats per token) over widths of training at the base width's best lr instead "
         "of the width's own best.",
         "",
+        "| cell | optimizer | parametrization | "
+        + " | ".join(f"fitted lr, width {w}" for w in _all_widths(curves))
+        + " | fitted shift (grid steps) |",
+        "|---|---|---|" + "---|" * (len(_all_widths(curves)) + 1),
+    ]
+    for c in curves:
+        fitted = [c.fitted_lr(w) if w in c.losses else None for w in _all_widths(curves)]
+        values = " | ".join("–" if lr is None else f"{lr:.3g}" for lr in fitted)
+        lines.append(f"| {c.cell} | {c.optimizer} | {_label(c)} | {values} | {_shift(c)} |")
+    lines += [
+        "",
+        "Fitted lr: the vertex of a least-squares parabola in log lr through the width's finished runs (–: it "
+        "opens downward, or its vertex lies outside the runs' range). Fitted shift: the largest distance of a "
+        "width's fitted lr from the base width's, in grid steps; where the basin is flat it is less sensitive to "
+        "noise than the transfer score.",
+        "",
     ]
     tokens = settings["steps"] * settings["batch_size"] * settings["seq_len"]
-    lines.append(f"Settings: {settings['num_layers']} layers, {settings['num_heads']} heads, base width "
+    heads = f"{settings['num_heads']} heads" + (" at the base width, growing with width (head dimensions fixed)"
+                                                 if settings.get("heads_grow") else "")  # fmt: skip
+    lines.append(f"Settings: {settings['num_layers']} layers, {heads}, base width "
                  f"{curves[0].base_width if curves else '?'}, {settings['steps']} steps × {settings['batch_size']} × "
                  f"{settings['seq_len']} tokens = {tokens:,} tokens per run, warmup {settings['warmup_fraction']:.0%} "
                  f"then cosine to {settings['min_lr_factor']:g} × lr, seed {settings['seed']}.")  # fmt: skip
@@ -163,8 +244,8 @@ def plot(curves: list[Curves], out_dir: str | Path, prefix: str = "sweep") -> li
                 if (best := c.best(width)) is not None:
                     axis.plot([best[0]], [0.0], "*", color=colors[width], ms=11, mec="black", mew=0.5)
             score = c.transfer_score()
-            axis.set_title(f"{_label(c)}: transfer score {'–' if score is None else score}, regret {_regret(c)}",
-                           fontsize=10)  # fmt: skip
+            axis.set_title(f"{_label(c)}: score {'–' if score is None else score}, regret {_regret(c)}, "
+                           f"fitted shift {_shift(c)}", fontsize=9)  # fmt: skip
             axis.set_xscale("log")
             axis.set_xlabel(f"learning rate ({optimizer})")
             axis.set_ylim(-0.02 * top, top * 1.03)
@@ -187,6 +268,11 @@ def _all_widths(curves: list[Curves]) -> list[int]:
 
 def _label(c: Curves) -> str:
     return PARAMETRIZATION_LABELS.get(c.parametrization, c.parametrization)
+
+
+def _shift(c: Curves) -> str:
+    shift = c.fitted_shift()
+    return "–" if shift is None else f"{shift:.1f}"
 
 
 def _regret(c: Curves) -> str:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 pytest.importorskip("torchtitan")
 
 from linrnn import cli  # noqa: E402
-from linrnn.training import sweep  # noqa: E402
+from linrnn.training import sweep, sweep_report  # noqa: E402
 from linrnn.training.sweep_report import Curves  # noqa: E402
 
 LRS = {"adamw": [1e-3, 1e-2, 3e-2], "sgd": [0.1, 1.0]}
@@ -333,6 +333,72 @@ def test_curves_transfer_regret():
     partial = curves({32: [5.0, 4.0, 4.5, 4.6, 4.7], 64: [5.0, 4.1, 4.5, 4.6, 4.7]})
     del partial.losses[64][3e-3]  # the base's best lr not run at width 64 yet: that width is left out
     assert partial.transfer_regret() == 0
+
+
+def parabola(optimum: float, depth: float = 4.0, lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1)) -> list[float]:
+    return [depth + 0.3 * math.log(lr / optimum) ** 2 for lr in lrs]
+
+
+def test_curves_fitted_optimum_and_shift():
+    """The fitted lr is the vertex of a parabola in log lr; the shift is in grid steps (median log ratio)."""
+    c = curves({32: parabola(5e-3), 64: parabola(2e-2, depth=3.0)})
+    assert c.fitted_lr(32) == pytest.approx(5e-3, rel=1e-9) and c.fitted_lr(64) == pytest.approx(2e-2, rel=1e-9)
+    step = (math.log(3) + math.log(10 / 3)) / 2  # the median of the grid's neighbouring log ratios
+    assert c.fitted_shift() == pytest.approx(math.log(4) / step, rel=1e-9)
+    # a flat, noisy basin: the argmin jumps by 3 grid steps, the fitted optimum by less than one
+    noisy = curves({32: [4.61, 4.5, 4.52, 4.49, 4.9], 64: [4.6, 4.48, 4.5, 4.55, 4.9]})
+    assert noisy.transfer_score() == 2 and noisy.fitted_shift() < 0.5
+    # diverged runs are left out of the fit; too few runs, a downward parabola or a vertex outside: no optimum
+    partial = curves({32: parabola(5e-3)[:4] + [None], 64: [None, None, 4.0, 4.1, None]})
+    assert partial.fitted_lr(32) == pytest.approx(5e-3, rel=1e-9) and partial.fitted_lr(64) is None
+    assert partial.fitted_shift() is None
+    assert curves({32: [4.0, 4.5, 4.6, 4.5, 4.0]}).fitted_lr(32) is None  # opens downward
+    assert curves({32: [5.0, 4.8, 4.6, 4.4, 4.3]}).fitted_lr(32) is None  # vertex above the grid
+    assert curves({64: parabola(5e-3)}).fitted_shift() is None  # no base-width curve
+
+
+def seed_rows(seed: int, losses: dict[tuple[int, float], float | None], **settings) -> list[dict]:
+    common = {"cell": "gated_deltanet", "optimizer": "sgd", "parametrization": "gdn-mup", "base_width": 32}
+    return [{**common, "width": w, "lr": lr, "val_loss": loss, "diverged": loss is None,
+             "settings": {"steps": 10, "seed": seed, **settings}} for (w, lr), loss in losses.items()]  # fmt: skip
+
+
+def test_mean_over_seeds():
+    """Points run under every seed get the mean loss (diverged if one diverged) and the spread; others are left out."""
+    first = seed_rows(0, {(32, 0.1): 5.0, (32, 0.2): 4.0, (64, 0.1): 3.0, (64, 0.2): 6.0})
+    second = seed_rows(1, {(32, 0.1): 5.5, (32, 0.2): 4.4, (64, 0.1): None})
+    rows, spread = sweep_report.mean_over_seeds({"a": first, "b": second})
+    by_point = {(row["width"], row["lr"]): row for row in rows}
+    assert set(by_point) == {(32, 0.1), (32, 0.2), (64, 0.1)}  # (64, 0.2) has one seed only
+    assert by_point[32, 0.1]["val_loss"] == pytest.approx(5.25) and by_point[32, 0.2]["val_loss"] == pytest.approx(4.2)
+    assert by_point[64, 0.1]["diverged"] and by_point[64, 0.1]["val_loss"] is None
+    key = ("gated_deltanet", "sgd", "gdn-mup")
+    assert spread[*key, 32, 0.2] == pytest.approx(0.4) and spread[*key, 64, 0.1] is None
+    assert all(row["settings"]["seed"] == [0, 1] for row in rows)
+    with pytest.raises(ValueError, match=r"table b's settings differ from a's in \['steps'\]"):
+        sweep_report.mean_over_seeds({"a": first, "b": seed_rows(1, {(32, 0.1): 5.0}, steps=20)})
+    with pytest.raises(ValueError, match="table b has seed 0, already in another table"):
+        sweep_report.mean_over_seeds({"a": first, "b": seed_rows(0, {(32, 0.1): 5.0})})
+    with pytest.raises(ValueError, match="table b has no rows"):
+        sweep_report.mean_over_seeds({"a": first, "b": []})
+
+
+def test_seed_mean_script_writes_the_report_and_the_plot(tmp_path):
+    import subprocess
+    import sys
+
+    settings = {"num_layers": 2, "num_heads": 2, "batch_size": 4, "seq_len": 16, "warmup_fraction": 0.1,
+                "min_lr_factor": 0.01}  # fmt: skip
+    tables = []
+    for seed, shift in ((0, 0.0), (1, 0.2)):
+        losses = {(w, lr): 4.0 + shift + math.log(lr / 0.2) ** 2 for w in (32, 64) for lr in (0.1, 0.2, 0.4)}
+        tables.append(tmp_path / f"seed{seed}.jsonl")
+        sweep.append_rows(tables[-1], seed_rows(seed, losses, **settings))
+    script = Path(__file__).parents[2] / "scripts" / "sweep_seed_mean.py"
+    subprocess.run([sys.executable, str(script), *map(str, tables), "--out", str(tmp_path / "mean")], check=True)
+    report = (tmp_path / "mean_report.md").read_text()
+    assert "seed [0, 1]" in report and "median 0.200, largest 0.200" in report
+    assert (tmp_path / "mean_lr_transfer_gated_deltanet_sgd.png").stat().st_size > 0
 
 
 # ----------------------------------------------------------------------------------------------------------
