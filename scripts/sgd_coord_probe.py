@@ -6,9 +6,9 @@ mean |coordinate|s: its output ("out"); what the change of its weights since ini
 output ("grad"). The "_shared" variants take the mean over the batch's positions first (the part every token
 shares). It also records every parameter's gradient norm before clipping. Prints, per parametrization and metric,
 the modules whose sizes depart most from muP's prediction (slope of log size against log width: 0 for out and
-update, -1 for grad) and writes everything to a JSON file. ``--kernel`` instead
-prints, at init, the overlap K = h·h'/n of the final hidden states (the readout's input) between positions of one batch:
-what one SGD step of the readout at one position does to the logits at the others is proportional to it.
+update, -1 for grad) and writes everything to a JSON file. ``--kernel`` instead prints, at init, the overlap
+K = h·h'/n of the final hidden states (the readout's input) between positions of one batch: what one SGD step of
+the readout at one position does to the logits at the others is proportional to it.
 
     python scripts/sgd_coord_probe.py --params sp mup gdn-mup --widths 128 256 512 --steps 40 \\
         --json docs/results/sweeps/gdn_sgd_coord_probe.json

@@ -25,22 +25,26 @@ def main() -> None:
         raise SystemExit("sweep_seed_mean: no grid point was run under every seed")
     curves = sweep_report.collect(rows)
     finished = [value for value in spread.values() if value is not None]
-    lines = [sweep_report.markdown(curves, rows[0]["settings"]), "### Spread over seeds (max − min of a point)", "",
-             f"{len(spread)} grid points, {len(args.tables)} seeds: median {np.median(finished):.3f}, "
-             f"largest {max(finished):.3f} nats per token.", "",
-             "| cell | optimizer | parametrization | width | " + " | ".join(f"{lr:.3g}" for lr in curves[0].lrs) + " |",
-             "|---|---|---|---|" + "---|" * len(curves[0].lrs)]  # fmt: skip
+    lines = [sweep_report.markdown(curves, rows[0]["settings"]), "### Spread over seeds (max − min of a point)", ""]
+    if finished:
+        lines += [f"{len(spread)} grid points, {len(args.tables)} seeds: median {np.median(finished):.3f}, "
+                  f"largest {max(finished):.3f} nats per token.", ""]  # fmt: skip
+    lrs = curves[0].lrs
+    lines += ["| cell | optimizer | parametrization | width | " + " | ".join(f"{lr:.3g}" for lr in lrs) + " |",
+              "|---|---|---|---|" + "---|" * len(lrs)]  # fmt: skip
     for c in curves:
         for width in c.widths:
-            values = [spread.get((c.cell, c.optimizer, c.parametrization, width, lr)) for lr in c.lrs]
-            cells = ["diverged" if v is None and (c.cell, c.optimizer, c.parametrization, width, lr) in spread
-                     else "" if v is None else f"{v:.3f}" for v, lr in zip(values, c.lrs, strict=True)]  # fmt: skip
+            cells = []
+            for lr in c.lrs:
+                point = (c.cell, c.optimizer, c.parametrization, width, lr)
+                value = spread.get(point)
+                cells.append("" if point not in spread else "diverged" if value is None else f"{value:.3f}")
             lines.append(f"| {c.cell} | {c.optimizer} | {c.parametrization} | {width} | " + " | ".join(cells) + " |")
     report = args.out.parent / f"{args.out.name}_report.md"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text("\n".join(lines) + "\n")
     files = sweep_report.plot(curves, args.out.parent, prefix=args.out.name)
-    print(sweep_report.markdown(curves, rows[0]["settings"]).split("\n\n")[0])
+    print(sweep_report.best_table(curves) + "\n\n" + sweep_report.fitted_table(curves))
     print(f"report: {report}; plots: {', '.join(map(str, files))}")
 
 

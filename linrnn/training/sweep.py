@@ -650,8 +650,7 @@ def write_report(config: SweepConfig, table: Path, out: Path, console) -> int:
     files = sweep_report.plot(curves, out, prefix=table.stem)
     trained = {Run(**{key: row[key] for key in Run.model_fields}) for row in rows}
     missing = len(set(config.runs()) - trained)
-    summary = sweep_report.markdown(curves, rows[0]["settings"]).split("\n\n")
-    console.print(summary[0] + "\n\n" + summary[2])  # best lrs and scores; fitted optima and shifts
+    console.print(sweep_report.best_table(curves) + "\n\n" + sweep_report.fitted_table(curves))
     console.print(f"report: {report}; plots: {', '.join(map(str, files))}")
     if missing:
         console.print(f"[yellow]{missing} grid points not trained yet: run the same command again to resume")

@@ -90,12 +90,11 @@ class Curves:
     def fitted_shift(self) -> float | None:
         """max over widths of |log(fitted lr / the base width's fitted lr)|, in grid steps (the median log ratio
         of neighbouring grid lrs); None where the base width or any other width has no fitted optimum."""
-        fitted = [self.fitted_lr(w) for w in self.widths]
-        if self.base_width not in self.losses or len(self.lrs) < 2 or any(lr is None for lr in fitted):
+        fitted = {w: self.fitted_lr(w) for w in self.widths}
+        if self.base_width not in fitted or any(lr is None for lr in fitted.values()):
             return None
-        base = self.fitted_lr(self.base_width)
-        step = float(np.median(np.diff(np.log(self.lrs))))
-        return max(abs(math.log(lr / base)) for lr in fitted) / step
+        step = float(np.median(np.diff(np.log(self.lrs))))  # a fitted optimum needs 3 lrs, so there are steps
+        return max(abs(math.log(lr / fitted[self.base_width])) for lr in fitted.values()) / step
 
 
 def collect(rows: list[dict]) -> list[Curves]:
@@ -114,7 +113,7 @@ def collect(rows: list[dict]) -> list[Curves]:
                                                    if c.parametrization in order else len(order)))  # fmt: skip
 
 
-def mean_over_seeds(tables: dict[str, list[dict]]) -> tuple[list[dict], dict[tuple, float]]:
+def mean_over_seeds(tables: dict[str, list[dict]]) -> tuple[list[dict], dict[tuple, float | None]]:
     """Rows of several sweeps that differ only in their seed (table name → rows) → one row per grid point run in
     every table, with the mean validation loss (diverged if any seed diverged), and each point's spread over the
     seeds (max − min; None where one diverged). The rows' settings get the list of seeds."""
@@ -150,18 +149,17 @@ def mean_over_seeds(tables: dict[str, list[dict]]) -> tuple[list[dict], dict[tup
     return mean_rows, spread
 
 
-def markdown(curves: list[Curves], settings: dict) -> str:
-    """The report as markdown: a summary table of best learning rates and transfer scores, then the shifted
-    losses of every width."""
+def best_table(curves: list[Curves]) -> str:
+    """Markdown table: the best lr (and its loss) per width, the transfer score and the transfer regret."""
+    widths = _all_widths(curves)
     lines = [
-        "| cell | optimizer | parametrization | "
-        + " | ".join(f"best lr, width {w}" for w in _all_widths(curves))
+        "| cell | optimizer | parametrization | " + " | ".join(f"best lr, width {w}" for w in widths)
         + " | transfer score | transfer regret |",
-        "|---|---|---|" + "---|" * (len(_all_widths(curves)) + 2),
-    ]
+        "|---|---|---|" + "---|" * (len(widths) + 2),
+    ]  # fmt: skip
     for c in curves:
         cells = []
-        for width in _all_widths(curves):
+        for width in widths:
             best = c.best(width) if width in c.losses else None
             cells.append(
                 "–" if best is None else f"{best[0]:.3g}{' (edge)' if c.at_edge(width) else ''} ({best[1]:.3f})"
@@ -171,23 +169,36 @@ def markdown(curves: list[Curves], settings: dict) -> str:
             f"| {c.cell} | {c.optimizer} | {_label(c)} | {' | '.join(cells)} | {'–' if score is None else score} "
             f"| {_regret(c)} |"
         )
-    lines += [
+    return "\n".join(lines)
+
+
+def fitted_table(curves: list[Curves]) -> str:
+    """Markdown table: the fitted optimum per width and the fitted shift."""
+    widths = _all_widths(curves)
+    lines = [
+        "| cell | optimizer | parametrization | " + " | ".join(f"fitted lr, width {w}" for w in widths)
+        + " | fitted shift (grid steps) |",
+        "|---|---|---|" + "---|" * (len(widths) + 1),
+    ]  # fmt: skip
+    for c in curves:
+        fitted = [c.fitted_lr(w) if w in c.losses else None for w in widths]
+        values = " | ".join("–" if lr is None else f"{lr:.3g}" for lr in fitted)
+        lines.append(f"| {c.cell} | {c.optimizer} | {_label(c)} | {values} | {_shift(c)} |")
+    return "\n".join(lines)
+
+
+def markdown(curves: list[Curves], settings: dict) -> str:
+    """The report as markdown: the summary tables (best and fitted learning rates, transfer scores), then the
+    shifted losses of every width."""
+    lines = [
+        best_table(curves),
         "",
         "Best lr per width with its validation loss (nats per token) in brackets; (edge): the best lr is at "
         "the end of the grid. Transfer score: largest distance in grid steps from the base width's best lr. "
         "Transfer regret: largest loss (nats per token) over widths of training at the base width's best lr instead "
         "of the width's own best.",
         "",
-        "| cell | optimizer | parametrization | "
-        + " | ".join(f"fitted lr, width {w}" for w in _all_widths(curves))
-        + " | fitted shift (grid steps) |",
-        "|---|---|---|" + "---|" * (len(_all_widths(curves)) + 1),
-    ]
-    for c in curves:
-        fitted = [c.fitted_lr(w) if w in c.losses else None for w in _all_widths(curves)]
-        values = " | ".join("–" if lr is None else f"{lr:.3g}" for lr in fitted)
-        lines.append(f"| {c.cell} | {c.optimizer} | {_label(c)} | {values} | {_shift(c)} |")
-    lines += [
+        fitted_table(curves),
         "",
         "Fitted lr: the vertex of a least-squares parabola in log lr through the width's finished runs (–: it "
         "opens downward, or its vertex lies outside the runs' range). Fitted shift: the largest distance of a "
