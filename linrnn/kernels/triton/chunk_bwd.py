@@ -37,11 +37,11 @@ from linrnn.kernels.triton.chunk_fwd import (
     LEVELS,
     _beta,
     _chunk_bounds,
-    _tile,
     level_factors,
     load_decay,
     state_program,
 )
+from linrnn.kernels.triton.tiles import load_head_tile, load_tile, store_head_tile
 
 
 @triton.jit
@@ -60,33 +60,33 @@ def chunk_state_bwd_kernel(
     if USE_FINAL_GRAD:
         dstate += tl.load(d_final + sequence_state + state_offsets, mask=state_mask, other=0)
     dtype = dstates.dtype.element_ty
-    num_chunks = tl.cdiv(length, BT).to(tl.int32)  # int32: block-pointer offsets must be 32-bit
+    num_chunks = tl.cdiv(length, BT).to(tl.int32)
     for j in range(0, num_chunks):
         c = num_chunks - 1 - j
         valid = tl.minimum(BT, length - c * BT)
         tl.store(dstates + ((first + c) * H + h) * K * V + state_offsets, dstate.to(dtype), mask=state_mask)
-        do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
-        a_t = tl.load(_tile(A_qk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
-        k_t = tl.load(_tile(k, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
-        q_t = tl.load(_tile(q, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32) * scale
+        do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+        a_t = load_head_tile(A_qk, bos, length, h, c * BT, 0, H, BT, BT, BT)
+        k_t = load_head_tile(k, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
+        q_t = load_head_tile(q, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32) * scale
         if DECAY != DECAY_NONE:
             g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
             k_t *= tl.exp(g_last[None, :] - g_t)
             q_t *= tl.exp(g_t)
         du = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
         du += tl.dot(k_t.to(dtype), dstate.to(dtype), input_precision=PREC)
-        tl.store(_tile(dU, bos, length, h, c, vb * BV, H, V, BT, BV), du, boundary_check=(0, 1))
+        store_head_tile(dU, du, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         if DECOUPLED:
-            w_t = tl.load(_tile(w, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+            w_t = load_head_tile(w, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
             if DECAY != DECAY_NONE:
                 w_t *= tl.exp(g_last[None, :] - g_t)
-            a_t = tl.load(_tile(A_qw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+            a_t = load_head_tile(A_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)
             dx = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
             dx += tl.dot(w_t.to(dtype), dstate.to(dtype), input_precision=PREC)
-            tl.store(_tile(dX, bos, length, h, c, vb * BV, H, V, BT, BV), dx, boundary_check=(0, 1))
+            store_head_tile(dX, dx, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         update = tl.dot(tl.trans(q_t).to(dtype), do_t.to(dtype), input_precision=PREC)
         if ERASE:
-            ws_t = tl.load(_tile(W_s, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1))
+            ws_t = load_head_tile(W_s, bos, length, h, c * BT, 0, H, K, BT, BK)
             update -= tl.dot(tl.trans(ws_t).to(dtype), du.to(dtype), input_precision=PREC)
         if DECAY != DECAY_NONE:
             dstate *= tl.exp(g_last)[:, None]
@@ -115,24 +115,22 @@ def chunk_bwd_main_kernel(
     d_ws = tl.zeros([BT, BK], dtype=tl.float32)
     d_last = tl.zeros([BK], dtype=tl.float32)
     for vb in range(0, tl.cdiv(V, BV)):
-        s_t = tl.load(tl.make_block_ptr(states + state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
-                      boundary_check=(0, 1))  # fmt: skip
-        ds_t = tl.load(tl.make_block_ptr(dstates + state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
-                       boundary_check=(0, 1))  # fmt: skip
-        do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+        s_t = load_tile(states + state_base, kb * BK, vb * BV, K, V, V, BK, BV)
+        ds_t = load_tile(dstates + state_base, kb * BK, vb * BV, K, V, V, BK, BV)
+        do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         if ERASE:
-            u_t = tl.load(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            u_t = load_head_tile(U, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         else:
-            v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            v_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
             u_t = (v_t.to(tl.float32) * b[:, None]).to(dtype)
         d_qhat += tl.dot(do_t.to(dtype), tl.trans(s_t), input_precision=PREC)
         d_kcheck += tl.dot(u_t.to(dtype), tl.trans(ds_t), input_precision=PREC)
         d_last += tl.sum(s_t.to(tl.float32) * ds_t.to(tl.float32), axis=1)
         if ERASE:
-            du_t = tl.load(_tile(dU, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            du_t = load_head_tile(dU, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
             d_ws -= tl.dot(du_t.to(dtype), tl.trans(s_t), input_precision=PREC)
         if DECOUPLED:
-            v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            v_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
             x_t = v_t.to(tl.float32) * b[:, None]
             d_wcheck += tl.dot(x_t.to(dtype), tl.trans(ds_t), input_precision=PREC)
     d_q = d_qhat * scale
@@ -144,19 +142,19 @@ def chunk_bwd_main_kernel(
         to_end = tl.exp(g_last[None, :] - g_t)
         d_km *= to_end
         d_wm *= to_end
-        k_t = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+        k_t = load_head_tile(k, bos, length, h, c * BT, kb * BK, H, K, BT, BK).to(tl.float32)
         d_last = tl.exp(g_last) * d_last + tl.sum(k_t * d_km, axis=0)
         if DECOUPLED:
-            w_t = tl.load(_tile(w, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+            w_t = load_head_tile(w, bos, length, h, c * BT, kb * BK, H, K, BT, BK).to(tl.float32)
             d_last += tl.sum(w_t * d_wm, axis=0)
         k_idx = kb * BK + tl.arange(0, BK)
         tl.store(dG_last + (i * H + h).to(tl.int64) * K + k_idx, d_last, mask=k_idx < K)
-    tl.store(_tile(dq, bos, length, h, c, kb * BK, H, K, BT, BK), d_q, boundary_check=(0, 1))
-    tl.store(_tile(dk_minus, bos, length, h, c, kb * BK, H, K, BT, BK), d_km, boundary_check=(0, 1))
+    store_head_tile(dq, d_q, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
+    store_head_tile(dk_minus, d_km, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
     if ERASE:
-        tl.store(_tile(dW_s, bos, length, h, c, kb * BK, H, K, BT, BK), d_ws, boundary_check=(0, 1))
+        store_head_tile(dW_s, d_ws, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
     if DECOUPLED:
-        tl.store(_tile(dw_minus, bos, length, h, c, kb * BK, H, K, BT, BK), d_wm, boundary_check=(0, 1))
+        store_head_tile(dw_minus, d_wm, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
 
 
 @triton.jit
@@ -183,17 +181,17 @@ def chunk_bwd_local_kernel(
     d_p = tl.zeros([BT, BT], dtype=tl.float32)
     d_beta = tl.zeros([BT], dtype=tl.float32)
     if ERASE:
-        t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        t_tile = load_head_tile(T, bos, length, h, c * BT, 0, H, BT, BT, BT)
     if DECOUPLED:
-        p_tile = -(b[:, None] * tl.load(_tile(A_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        p_tile = -(b[:, None] * load_head_tile(A_kw, bos, length, h, c * BT, 0, H, BT, BT, BT)
                    * b[None, :])  # fmt: skip
     for vb in range(0, tl.cdiv(V, BV)):
-        do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
-        du_t = tl.load(_tile(dU, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
-        v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+        du_t = load_head_tile(dU, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+        v_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
         bv_t = v_t * b[:, None]
         if ERASE:
-            u_t = tl.load(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            u_t = load_head_tile(U, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         else:
             u_t = bv_t.to(dtype)
         d_aqk += tl.dot(do_t, tl.trans(u_t), input_precision=PREC)
@@ -202,7 +200,7 @@ def chunk_bwd_local_kernel(
             d_pv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # d(P V)
             d_t += tl.dot(du_t, tl.trans(tl.dot(p_tile, v_t, input_precision=PREC)), input_precision=PREC)
             d_p += tl.dot(d_pv, tl.trans(v_t), input_precision=PREC)
-            d_x = tl.load(_tile(dX, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            d_x = load_head_tile(dX, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
             d_v = d_x * b[:, None] + tl.dot(tl.trans(p_tile), d_pv, input_precision=PREC)
             d_beta += tl.sum(v_t * d_x, axis=1)
         else:
@@ -213,39 +211,35 @@ def chunk_bwd_local_kernel(
                 d_bv = du_t
             d_v = d_bv * b[:, None]
             d_beta += tl.sum(v_t * d_bv, axis=1)
-        tl.store(_tile(dv, bos, length, h, c, vb * BV, H, V, BT, BV), d_v.to(dv.dtype.element_ty),
-                 boundary_check=(0, 1))  # fmt: skip
+        store_head_tile(dv, d_v.to(dv.dtype.element_ty), bos, length, h, c * BT, vb * BV, H, V, BT, BV)
     # stored times scale: the gradient of the pairwise product of q and k, scale taken out
-    tl.store(_tile(dA_qk, bos, length, h, c, 0, H, BT, BT, BT), tl.where(rows >= cols, d_aqk * scale, 0.0),
-             boundary_check=(0, 1))  # fmt: skip
+    store_head_tile(dA_qk, tl.where(rows >= cols, d_aqk * scale, 0.0), bos, length, h, c * BT, 0, H, BT, BT, BT)
     if DECOUPLED:
-        tl.store(_tile(dA_qw, bos, length, h, c, 0, H, BT, BT, BT), tl.where(rows >= cols, d_aqw * scale, 0.0),
-                 boundary_check=(0, 1))  # fmt: skip
+        store_head_tile(dA_qw, tl.where(rows >= cols, d_aqw * scale, 0.0), bos, length, h, c * BT, 0, H, BT, BT, BT)
     if ERASE:
         for kb in range(0, tl.cdiv(K, BK)):
-            k_hat = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+            k_hat = load_head_tile(k, bos, length, h, c * BT, kb * BK, H, K, BT, BK).to(tl.float32)
             if DECAY != DECAY_NONE:
                 g_t, _ = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
                 decay = tl.exp(g_t)
                 k_hat *= decay
-            d_ws = tl.load(_tile(dW_s, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+            d_ws = load_head_tile(dW_s, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
             d_t += tl.dot(d_ws, tl.trans(k_hat * b[:, None]), input_precision=PREC)
             d_bk = tl.dot(tl.trans(t_tile), d_ws, input_precision=PREC)  # d(βK̂)
             d_kp = d_bk * b[:, None]
             if DECAY != DECAY_NONE:
                 d_kp *= decay
-            tl.store(_tile(dk_plus, bos, length, h, c, kb * BK, H, K, BT, BK), d_kp, boundary_check=(0, 1))
+            store_head_tile(dk_plus, d_kp, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
             d_beta += tl.sum(k_hat * d_bk, axis=1)
         d_m = -tl.dot(tl.dot(tl.trans(t_tile), d_t, input_precision=PREC), tl.trans(t_tile), input_precision=PREC)
         d_m = tl.where(rows > cols, d_m, 0.0)
-        tl.store(_tile(dA_kk, bos, length, h, c, 0, H, BT, BT, BT), d_m * b[:, None], boundary_check=(0, 1))
-        a_kk = tl.load(_tile(A_kk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        store_head_tile(dA_kk, d_m * b[:, None], bos, length, h, c * BT, 0, H, BT, BT, BT)
+        a_kk = load_head_tile(A_kk, bos, length, h, c * BT, 0, H, BT, BT, BT)
         d_beta += tl.sum(tl.where(rows > cols, d_m * a_kk, 0.0), axis=1)
     if DECOUPLED:
         d_p = tl.where(rows > cols, d_p, 0.0)
-        tl.store(_tile(dA_kw, bos, length, h, c, 0, H, BT, BT, BT), -(b[:, None] * d_p * b[None, :]),
-                 boundary_check=(0, 1))  # fmt: skip
-        terms = -d_p * tl.load(_tile(A_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        store_head_tile(dA_kw, -(b[:, None] * d_p * b[None, :]), bos, length, h, c * BT, 0, H, BT, BT, BT)
+        terms = -d_p * load_head_tile(A_kw, bos, length, h, c * BT, 0, H, BT, BT, BT)
         d_beta += tl.sum(terms * b[None, :], axis=1) + tl.sum(terms * b[:, None], axis=0)
     if HAS_BETA:
         tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
@@ -272,7 +266,7 @@ def chunk_bwd_fused_kernel(
     b = _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)
     t_idx = tl.arange(0, BT)
     rows, cols = t_idx[:, None], t_idx[None, :]
-    t_tile = tl.load(_tile(T, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+    t_tile = load_head_tile(T, bos, length, h, c * BT, 0, H, BT, BT, BT)
     d_qhat = tl.zeros([BT, BK], dtype=tl.float32)
     d_kcheck = tl.zeros([BT, BK], dtype=tl.float32)
     d_bk = tl.zeros([BT, BK], dtype=tl.float32)  # d(βK̂)
@@ -281,17 +275,15 @@ def chunk_bwd_fused_kernel(
     d_l = tl.zeros([BT, BT], dtype=tl.float32)
     d_beta = tl.zeros([BT], dtype=tl.float32)
     for vb in range(0, tl.cdiv(V, BV)):
-        s_t = tl.load(tl.make_block_ptr(states + state_base, (K, V), (V, 1), (0, vb * BV), (BK, BV), (1, 0)),
-                      boundary_check=(0, 1))  # fmt: skip
-        ds_t = tl.load(tl.make_block_ptr(dstates + state_base, (K, V), (V, 1), (0, vb * BV), (BK, BV), (1, 0)),
-                       boundary_check=(0, 1))  # fmt: skip
-        do_t = tl.load(_tile(do, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
-        u_t = tl.load(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
-        du_t = tl.load(_tile(dU, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
-        v_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        s_t = load_tile(states + state_base, 0, vb * BV, K, V, V, BK, BV)
+        ds_t = load_tile(dstates + state_base, 0, vb * BV, K, V, V, BK, BV)
+        do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+        u_t = load_head_tile(U, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+        du_t = load_head_tile(dU, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+        v_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
         d_bv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # D: d(βV)
         d_v = (d_bv * b[:, None]).to(dv.dtype.element_ty)
-        tl.store(_tile(dv, bos, length, h, c, vb * BV, H, V, BT, BV), d_v, boundary_check=(0, 1))
+        store_head_tile(dv, d_v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         d_beta += tl.sum(v_t * d_bv, axis=1)
         d_aqk += tl.dot(do_t, tl.trans(u_t), input_precision=PREC)
         d_l -= tl.dot(d_bv.to(dtype), tl.trans(u_t), input_precision=PREC)
@@ -300,10 +292,10 @@ def chunk_bwd_fused_kernel(
         d_bk -= tl.dot(d_bv.to(dtype), tl.trans(s_t), input_precision=PREC)
         d_last += tl.sum(s_t.to(tl.float32) * ds_t.to(tl.float32), axis=1)
     # after the loop, in an order that keeps few [BT, BK] tiles live (per-head decay spilled registers otherwise)
-    k_t = tl.load(_tile(k, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+    k_t = load_head_tile(k, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
     d_aqk = tl.where(rows >= cols, d_aqk * scale, 0.0)
     d_l = tl.where(rows > cols, d_l, 0.0)
-    d_beta += tl.sum(d_l * tl.load(_tile(A_kk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1)), axis=1)
+    d_beta += tl.sum(d_l * load_head_tile(A_kk, bos, length, h, c * BT, 0, H, BT, BT, BT), axis=1)
     d_akk = d_l * b[:, None]
     d_q = d_qhat * scale
     if DECAY == DECAY_HEAD:
@@ -313,8 +305,8 @@ def chunk_bwd_fused_kernel(
         d_akk *= ratio
         d_q *= tl.exp(g_t)
     d_q += tl.dot(d_aqk, k_t, input_precision=PREC)
-    tl.store(_tile(dq, bos, length, h, c, 0, H, K, BT, BK), d_q.to(dq.dtype.element_ty), boundary_check=(0, 1))
-    q_t = tl.load(_tile(q, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+    store_head_tile(dq, d_q.to(dq.dtype.element_ty), bos, length, h, c * BT, 0, H, K, BT, BK)
+    q_t = load_head_tile(q, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
     if DECAY == DECAY_HEAD:
         d_g = tl.sum(q_t * d_q, axis=1)
         k_hat = k_t * tl.exp(g_t)
@@ -334,8 +326,7 @@ def chunk_bwd_fused_kernel(
         d_g += tl.sum(k_t * d_kp, axis=1)
     d_km = d_kcheck + tl.dot(tl.trans(d_akk), k_t, input_precision=PREC)
     d_km += tl.dot(tl.trans(d_aqk), q_t, input_precision=PREC)
-    tl.store(_tile(dk, bos, length, h, c, 0, H, K, BT, BK), (d_kp + d_km).to(dk.dtype.element_ty),
-             boundary_check=(0, 1))  # fmt: skip
+    store_head_tile(dk, (d_kp + d_km).to(dk.dtype.element_ty), bos, length, h, c * BT, 0, H, K, BT, BK)
     if DECAY == DECAY_HEAD:
         d_g -= tl.sum(k_t * d_km, axis=1)
         d_g = tl.where(t_idx == valid - 1, d_g + last, d_g)
@@ -357,15 +348,15 @@ def chunk_bwd_intra_kernel(
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     if DECAY != DECAY_CHANNEL:
         rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
-        d_aqk = tl.load(_tile(dA_qk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        d_aqk = load_head_tile(dA_qk, bos, length, h, c * BT, 0, H, BT, BT, BT)
         d_akk = tl.zeros([BT, BT], dtype=tl.float32)
         if ERASE:
-            d_akk = tl.load(_tile(dA_kk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+            d_akk = load_head_tile(dA_kk, bos, length, h, c * BT, 0, H, BT, BT, BT)
         d_aqw = tl.zeros([BT, BT], dtype=tl.float32)
         d_akw = tl.zeros([BT, BT], dtype=tl.float32)
         if DECOUPLED:
-            d_aqw = tl.load(_tile(dA_qw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
-            d_akw = tl.load(_tile(dA_kw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+            d_aqw = load_head_tile(dA_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)
+            d_akw = load_head_tile(dA_kw, bos, length, h, c * BT, 0, H, BT, BT, BT)
         if DECAY == DECAY_HEAD:
             g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
             ratio = tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))
@@ -379,30 +370,27 @@ def chunk_bwd_intra_kernel(
         d_akw = tl.where(rows > cols, d_akw, 0.0)
         d_g = tl.zeros([BT], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
-            q_t = tl.load(_tile(q, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
-            k_t = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
-            d_q = tl.load(_tile(dq_part, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
-            d_km = tl.load(_tile(dk_minus, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+            q_t = load_head_tile(q, bos, length, h, c * BT, kb * BK, H, K, BT, BK).to(tl.float32)
+            k_t = load_head_tile(k, bos, length, h, c * BT, kb * BK, H, K, BT, BK).to(tl.float32)
+            d_q = load_head_tile(dq_part, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
+            d_km = load_head_tile(dk_minus, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
             d_q += tl.dot(d_aqk, k_t, input_precision=PREC)
             d_km += tl.dot(tl.trans(d_aqk), q_t, input_precision=PREC)
             d_kp = tl.zeros([BT, BK], dtype=tl.float32)
             if ERASE:
-                d_kp += tl.load(_tile(dk_plus, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+                d_kp += load_head_tile(dk_plus, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
                 d_kp += tl.dot(d_akk, k_t, input_precision=PREC)
                 d_km += tl.dot(tl.trans(d_akk), k_t, input_precision=PREC)
             if DECOUPLED:
-                w_t = tl.load(_tile(w, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+                w_t = load_head_tile(w, bos, length, h, c * BT, kb * BK, H, K, BT, BK).to(tl.float32)
                 d_q += tl.dot(d_aqw, w_t, input_precision=PREC)
                 d_kp += tl.dot(d_akw, w_t, input_precision=PREC)
-                d_wm = tl.load(_tile(dw_minus, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+                d_wm = load_head_tile(dw_minus, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
                 d_wm += tl.dot(tl.trans(d_aqw), q_t, input_precision=PREC)
                 d_wm += tl.dot(tl.trans(d_akw), k_t, input_precision=PREC)
-                tl.store(_tile(dw, bos, length, h, c, kb * BK, H, K, BT, BK), d_wm.to(dw.dtype.element_ty),
-                         boundary_check=(0, 1))  # fmt: skip
-            tl.store(_tile(dq, bos, length, h, c, kb * BK, H, K, BT, BK), d_q.to(dq.dtype.element_ty),
-                     boundary_check=(0, 1))  # fmt: skip
-            tl.store(_tile(dk, bos, length, h, c, kb * BK, H, K, BT, BK), (d_kp + d_km).to(dk.dtype.element_ty),
-                     boundary_check=(0, 1))  # fmt: skip
+                store_head_tile(dw, d_wm.to(dw.dtype.element_ty), bos, length, h, c * BT, kb * BK, H, K, BT, BK)
+            store_head_tile(dq, d_q.to(dq.dtype.element_ty), bos, length, h, c * BT, kb * BK, H, K, BT, BK)
+            store_head_tile(dk, (d_kp + d_km).to(dk.dtype.element_ty), bos, length, h, c * BT, kb * BK, H, K, BT, BK)
             if DECAY == DECAY_HEAD:
                 d_g += tl.sum(q_t * d_q + k_t * (d_kp - d_km), axis=1)
                 if DECOUPLED:
@@ -428,13 +416,10 @@ def chunk_bwd_intra_kernel(
             a_qw, a_kw = dA_qw + (bos * H + h) * BT, dA_kw + (bos * H + h) * BT
         k_idx = kb * BK + tl.arange(0, BK)
         k_mask = k_idx < K
-        origin = (c * BT + r0, kb * BK)
-        q_s = tl.load(tl.make_block_ptr(qh, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0)),
-                      boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
-        k_s = tl.load(tl.make_block_ptr(kh, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0)),
-                      boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
-        g_s = tl.load(tl.make_block_ptr(gh, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0)),
-                      boundary_check=(0, 1))  # fmt: skip
+        row_s, col = c * BT + r0, kb * BK
+        q_s = load_tile(qh, row_s, col, length, K, row_stride, BC, BK).to(tl.float32)
+        k_s = load_tile(kh, row_s, col, length, K, row_stride, BC, BK).to(tl.float32)
+        g_s = load_tile(gh, row_s, col, length, K, row_stride, BC, BK)
         d_q = tl.zeros([BC, BK], dtype=tl.float32)
         d_kp = tl.zeros([BC, BK], dtype=tl.float32)
         d_km = tl.zeros([BC, BK], dtype=tl.float32)
@@ -444,27 +429,22 @@ def chunk_bwd_intra_kernel(
             acc_q = tl.zeros([BC, BK], dtype=tl.float32)
             acc_k = tl.zeros([BC, BK], dtype=tl.float32)
             for b in range(0, s):
-                origin_b = (c * BT + b * BC, kb * BK)
-                k_b = tl.load(tl.make_block_ptr(kh, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
-                g_b = tl.load(tl.make_block_ptr(gh, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
+                row_b = c * BT + b * BC
+                k_b = load_tile(kh, row_b, col, length, K, row_stride, BC, BK).to(tl.float32)
+                g_b = load_tile(gh, row_b, col, length, K, row_stride, BC, BK)
                 k_right = k_b * tl.exp(g_ref[None, :] - g_b)
-                block = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), (c * BT + r0, b * BC), (BC, BC), (1, 0))
-                acc_q += tl.dot(tl.load(block, boundary_check=(0, 1)), k_right, input_precision=PREC)
+                d_block = load_tile(a_qk, row_s, b * BC, length, BT, H * BT, BC, BC)
+                acc_q += tl.dot(d_block, k_right, input_precision=PREC)
                 if ERASE:
-                    block = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), (c * BT + r0, b * BC), (BC, BC),
-                                              (1, 0))  # fmt: skip
-                    acc_k += tl.dot(tl.load(block, boundary_check=(0, 1)), k_right, input_precision=PREC)
+                    d_block = load_tile(a_kk, row_s, b * BC, length, BT, H * BT, BC, BC)
+                    acc_k += tl.dot(d_block, k_right, input_precision=PREC)
                 if DECOUPLED:
-                    w_b = tl.load(tl.make_block_ptr(wh, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
-                                  boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+                    w_b = load_tile(wh, row_b, col, length, K, row_stride, BC, BK).to(tl.float32)
                     w_right = w_b * tl.exp(g_ref[None, :] - g_b)
-                    origin_sb = (c * BT + r0, b * BC)
-                    block = tl.make_block_ptr(a_qw, (length, BT), (H * BT, 1), origin_sb, (BC, BC), (1, 0))
-                    acc_q += tl.dot(tl.load(block, boundary_check=(0, 1)), w_right, input_precision=PREC)
-                    block = tl.make_block_ptr(a_kw, (length, BT), (H * BT, 1), origin_sb, (BC, BC), (1, 0))
-                    acc_k += tl.dot(tl.load(block, boundary_check=(0, 1)), w_right, input_precision=PREC)
+                    d_block = load_tile(a_qw, row_s, b * BC, length, BT, H * BT, BC, BC)
+                    acc_q += tl.dot(d_block, w_right, input_precision=PREC)
+                    d_block = load_tile(a_kw, row_s, b * BC, length, BT, H * BT, BC, BC)
+                    acc_k += tl.dot(d_block, w_right, input_precision=PREC)
             left = tl.exp(tl.where(row_valid, g_s - g_ref[None, :], 0.0))
             d_q += acc_q * left
             d_kp += acc_k * left
@@ -473,45 +453,34 @@ def chunk_bwd_intra_kernel(
             acc = tl.zeros([BC, BK], dtype=tl.float32)
             acc_w = tl.zeros([BC, BK], dtype=tl.float32)
             for a in range(s + 1, NC):
-                origin_a = (c * BT + a * BC, kb * BK)
-                q_a = tl.load(tl.make_block_ptr(qh, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
-                g_a = tl.load(tl.make_block_ptr(gh, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
+                row_a = c * BT + a * BC
+                q_a = load_tile(qh, row_a, col, length, K, row_stride, BC, BK).to(tl.float32)
+                g_a = load_tile(gh, row_a, col, length, K, row_stride, BC, BK)
                 factor = tl.exp(tl.where(a * BC + rows < valid, g_a - g_ref[None, :], 0.0))
-                block = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), (c * BT + a * BC, r0), (BC, BC), (1, 0))
-                acc += tl.dot(tl.trans(tl.load(block, boundary_check=(0, 1))), q_a * factor, input_precision=PREC)
+                d_block = load_tile(a_qk, row_a, r0, length, BT, H * BT, BC, BC)
+                acc += tl.dot(tl.trans(d_block), q_a * factor, input_precision=PREC)
                 if ERASE:
-                    k_a = tl.load(tl.make_block_ptr(kh, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                                  boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
-                    block = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), (c * BT + a * BC, r0), (BC, BC),
-                                              (1, 0))  # fmt: skip
-                    acc += tl.dot(tl.trans(tl.load(block, boundary_check=(0, 1))), k_a * factor, input_precision=PREC)
+                    k_a = load_tile(kh, row_a, col, length, K, row_stride, BC, BK).to(tl.float32)
+                    d_block = load_tile(a_kk, row_a, r0, length, BT, H * BT, BC, BC)
+                    acc += tl.dot(tl.trans(d_block), k_a * factor, input_precision=PREC)
                 if DECOUPLED:
-                    k_a = tl.load(tl.make_block_ptr(kh, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                                  boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
-                    origin_as = (c * BT + a * BC, r0)
-                    block = tl.make_block_ptr(a_qw, (length, BT), (H * BT, 1), origin_as, (BC, BC), (1, 0))
-                    acc_w += tl.dot(tl.trans(tl.load(block, boundary_check=(0, 1))), q_a * factor, input_precision=PREC)
-                    block = tl.make_block_ptr(a_kw, (length, BT), (H * BT, 1), origin_as, (BC, BC), (1, 0))
-                    acc_w += tl.dot(tl.trans(tl.load(block, boundary_check=(0, 1))), k_a * factor, input_precision=PREC)
+                    k_a = load_tile(kh, row_a, col, length, K, row_stride, BC, BK).to(tl.float32)
+                    d_block = load_tile(a_qw, row_a, r0, length, BT, H * BT, BC, BC)
+                    acc_w += tl.dot(tl.trans(d_block), q_a * factor, input_precision=PREC)
+                    d_block = load_tile(a_kw, row_a, r0, length, BT, H * BT, BC, BC)
+                    acc_w += tl.dot(tl.trans(d_block), k_a * factor, input_precision=PREC)
             d_km += acc * tl.exp(g_ref[None, :] - g_s)
             d_wm += acc_w * tl.exp(g_ref[None, :] - g_s)
-        block = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), (c * BT + r0, r0), (BC, BC), (1, 0))
-        d_aqk = tl.where(rows >= cols, tl.load(block, boundary_check=(0, 1)), 0.0)
+        d_aqk = tl.where(rows >= cols, load_tile(a_qk, row_s, r0, length, BT, H * BT, BC, BC), 0.0)
         d_akk = tl.zeros([BC, BC], dtype=tl.float32)
         if ERASE:
-            block = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), (c * BT + r0, r0), (BC, BC), (1, 0))
-            d_akk = tl.where(rows > cols, tl.load(block, boundary_check=(0, 1)), 0.0)
+            d_akk = tl.where(rows > cols, load_tile(a_kk, row_s, r0, length, BT, H * BT, BC, BC), 0.0)
         d_aqw = tl.zeros([BC, BC], dtype=tl.float32)
         d_akw = tl.zeros([BC, BC], dtype=tl.float32)
         if DECOUPLED:
-            block = tl.make_block_ptr(a_qw, (length, BT), (H * BT, 1), (c * BT + r0, r0), (BC, BC), (1, 0))
-            d_aqw = tl.where(rows >= cols, tl.load(block, boundary_check=(0, 1)), 0.0)
-            block = tl.make_block_ptr(a_kw, (length, BT), (H * BT, 1), (c * BT + r0, r0), (BC, BC), (1, 0))
-            d_akw = tl.where(rows > cols, tl.load(block, boundary_check=(0, 1)), 0.0)
-            w_s = tl.load(tl.make_block_ptr(wh, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0)),
-                          boundary_check=(0, 1)).to(tl.float32)  # fmt: skip
+            d_aqw = tl.where(rows >= cols, load_tile(a_qw, row_s, r0, length, BT, H * BT, BC, BC), 0.0)
+            d_akw = tl.where(rows > cols, load_tile(a_kw, row_s, r0, length, BT, H * BT, BC, BC), 0.0)
+            w_s = load_tile(wh, row_s, col, length, K, row_stride, BC, BK).to(tl.float32)
         # the diagonal block: its diagonal plain, its lower pairs level by level through reference steps
         diagonal = rows == cols
         diag_qk = tl.sum(tl.where(diagonal, d_aqk, 0.0), axis=1)[:, None]
@@ -541,26 +510,15 @@ def chunk_bwd_intra_kernel(
                 d_kp += left * tl.dot(level_kw, w_right, input_precision=PREC)
                 down_w = tl.dot(tl.trans(level_qw), q_left, input_precision=PREC)
                 d_wm += right * (down_w + tl.dot(tl.trans(level_kw), k_left, input_precision=PREC))
-        part = tl.make_block_ptr(dq_part + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
-        d_q += tl.load(part, boundary_check=(0, 1))
-        part = tl.make_block_ptr(dk_minus + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK),
-                                 (1, 0))  # fmt: skip
-        d_km += tl.load(part, boundary_check=(0, 1))
+        d_q += load_head_tile(dq_part, bos, length, h, row_s, col, H, K, BC, BK)
+        d_km += load_head_tile(dk_minus, bos, length, h, row_s, col, H, K, BC, BK)
         if ERASE:
-            part = tl.make_block_ptr(dk_plus + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK),
-                                     (1, 0))  # fmt: skip
-            d_kp += tl.load(part, boundary_check=(0, 1))
-        out = tl.make_block_ptr(dq + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
-        tl.store(out, d_q.to(dq.dtype.element_ty), boundary_check=(0, 1))
-        out = tl.make_block_ptr(dk + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
-        tl.store(out, (d_kp + d_km).to(dk.dtype.element_ty), boundary_check=(0, 1))
+            d_kp += load_head_tile(dk_plus, bos, length, h, row_s, col, H, K, BC, BK)
+        store_head_tile(dq, d_q.to(dq.dtype.element_ty), bos, length, h, row_s, col, H, K, BC, BK)
+        store_head_tile(dk, (d_kp + d_km).to(dk.dtype.element_ty), bos, length, h, row_s, col, H, K, BC, BK)
         d_g = q_s * d_q + k_s * (d_kp - d_km)
         if DECOUPLED:
-            part = tl.make_block_ptr(dw_minus + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK),
-                                     (1, 0))  # fmt: skip
-            d_wm += tl.load(part, boundary_check=(0, 1))
-            out = tl.make_block_ptr(dw + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
-            tl.store(out, d_wm.to(dw.dtype.element_ty), boundary_check=(0, 1))
+            d_wm += load_head_tile(dw_minus, bos, length, h, row_s, col, H, K, BC, BK)
+            store_head_tile(dw, d_wm.to(dw.dtype.element_ty), bos, length, h, row_s, col, H, K, BC, BK)
             d_g -= w_s * d_wm
-        out = tl.make_block_ptr(dG + (bos * H + h) * K, (length, K), (row_stride, 1), origin, (BC, BK), (1, 0))
-        tl.store(out, d_g, boundary_check=(0, 1))
+        store_head_tile(dG, d_g, bos, length, h, row_s, col, H, K, BC, BK)

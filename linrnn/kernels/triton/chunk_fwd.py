@@ -32,6 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from linrnn.kernels.triton.tiles import load_head_tile, load_tile, store_head_tile, store_tile
+
 # Kernels read module globals only as constexpr.
 DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 LEVELS = tl.constexpr(4)  # log2(BC): levels of the diagonal blocks' split (``level_factors``)
@@ -57,8 +59,7 @@ def chunk_cumsum_kernel(
     the chunk's last valid step first (summed over DE when D = 1, else DE = D). Axis 2: blocks of BD channels."""
     i, h, d0 = tl.program_id(0), tl.program_id(1), tl.program_id(2) * BD
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
-    x_block = tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, d0), (BT, BD), (1, 0))
-    values = tl.load(x_block, boundary_check=(0, 1)).to(tl.float32)
+    values = load_head_tile(x, bos, length, h, c * BT, d0, H, D, BT, BD).to(tl.float32)
     if HAS_EXTRA:
         if D == 1:
             e_idx = tl.arange(0, BDE)
@@ -69,8 +70,7 @@ def chunk_cumsum_kernel(
         last = (tl.arange(0, BT) == valid - 1)[:, None]
         values += tl.where(last, added, 0.0)
     sums = tl.cumsum(values, axis=0, reverse=REVERSE)
-    o_block = tl.make_block_ptr(out + (bos * H + h) * D, (length, D), (H * D, 1), (c * BT, d0), (BT, BD), (1, 0))
-    tl.store(o_block, sums.to(out.dtype.element_ty), boundary_check=(0, 1))
+    store_head_tile(out, sums.to(out.dtype.element_ty), bos, length, h, c * BT, d0, H, D, BT, BD)
 
 
 @triton.jit
@@ -127,17 +127,14 @@ def chunk_intra_kernel(
         qw = tl.zeros([BT, BT], dtype=tl.float32)
         kw = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
-            k_t = tl.load(tl.make_block_ptr(k, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
-                          boundary_check=(0, 1))  # fmt: skip
+            k_t = load_tile(k, c * BT, kb * BK, length, K, row_stride, BT, BK)
             if DECAY == DECAY_NONE:
-                q_t = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
+                q_t = load_tile(q, c * BT, kb * BK, length, K, row_stride, BT, BK)
                 qk += tl.dot(q_t, tl.trans(k_t), input_precision=PREC)
             if ERASE:
                 kk += tl.dot(k_t, tl.trans(k_t), input_precision=PREC)
             if DECOUPLED:
-                w_t = tl.load(tl.make_block_ptr(w, (length, K), (row_stride, 1), (c * BT, kb * BK), (BT, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
+                w_t = load_tile(w, c * BT, kb * BK, length, K, row_stride, BT, BK)
                 qw += tl.dot(q_t, tl.trans(w_t), input_precision=PREC)
                 kw += tl.dot(k_t, tl.trans(w_t), input_precision=PREC)
         rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
@@ -147,18 +144,13 @@ def chunk_intra_kernel(
             kk *= ratio
             qw *= ratio
             kw *= ratio
-        origin = (c * BT, 0)
         if DECAY == DECAY_NONE:
-            out = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
-            tl.store(out, tl.where(rows >= cols, qk * scale, 0.0), boundary_check=(0, 1))
+            store_tile(a_qk, tl.where(rows >= cols, qk * scale, 0.0), c * BT, 0, length, BT, H * BT, BT, BT)
         if ERASE:
-            out = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
-            tl.store(out, tl.where(rows > cols, kk, 0.0), boundary_check=(0, 1))
+            store_tile(a_kk, tl.where(rows > cols, kk, 0.0), c * BT, 0, length, BT, H * BT, BT, BT)
         if DECOUPLED:
-            out = tl.make_block_ptr(a_qw, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
-            tl.store(out, tl.where(rows >= cols, qw * scale, 0.0), boundary_check=(0, 1))
-            out = tl.make_block_ptr(a_kw, (length, BT), (H * BT, 1), origin, (BT, BT), (1, 0))
-            tl.store(out, tl.where(rows > cols, kw, 0.0), boundary_check=(0, 1))
+            store_tile(a_qw, tl.where(rows >= cols, qw * scale, 0.0), c * BT, 0, length, BT, H * BT, BT, BT)
+            store_tile(a_kw, tl.where(rows > cols, kw, 0.0), c * BT, 0, length, BT, H * BT, BT, BT)
     else:
         NC: tl.constexpr = BT // BC
         a, b = tl.program_id(2) // NC, tl.program_id(2) % NC
@@ -174,17 +166,12 @@ def chunk_intra_kernel(
         if a > b:
             for kb in range(0, tl.cdiv(K, BK)):
                 k_idx = kb * BK + tl.arange(0, BK)
-                origin_a, origin_b = (c * BT + a * BC, kb * BK), (c * BT + b * BC, kb * BK)
-                q_a = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
-                k_a = tl.load(tl.make_block_ptr(k, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
-                g_a = tl.load(tl.make_block_ptr(g, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
-                k_b = tl.load(tl.make_block_ptr(k, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
-                g_b = tl.load(tl.make_block_ptr(g, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
+                row_a, row_b, col = c * BT + a * BC, c * BT + b * BC, kb * BK
+                q_a = load_tile(q, row_a, col, length, K, row_stride, BC, BK)
+                k_a = load_tile(k, row_a, col, length, K, row_stride, BC, BK)
+                g_a = load_tile(g, row_a, col, length, K, row_stride, BC, BK)
+                k_b = load_tile(k, row_b, col, length, K, row_stride, BC, BK)
+                g_b = load_tile(g, row_b, col, length, K, row_stride, BC, BK)
                 g_ref = tl.load(g + (c * BT + a * BC - 1) * row_stride + k_idx, mask=k_idx < K, other=0)
                 left = tl.exp(tl.where(row_valid, g_a - g_ref[None, :], 0.0))  # Γ_r/Γ_ref ≤ 1
                 right = tl.exp(g_ref[None, :] - g_b)  # Γ_ref/Γ_i ≤ 1 (block b < a is all valid)
@@ -193,8 +180,7 @@ def chunk_intra_kernel(
                 if ERASE:
                     kk += tl.dot((k_a * left).to(k_a.dtype), k_right, input_precision=PREC)
                 if DECOUPLED:
-                    w_b = tl.load(tl.make_block_ptr(w, (length, K), (row_stride, 1), origin_b, (BC, BK), (1, 0)),
-                                  boundary_check=(0, 1))  # fmt: skip
+                    w_b = load_tile(w, row_b, col, length, K, row_stride, BC, BK)
                     w_right = tl.trans(w_b * right).to(w_b.dtype)
                     qw += tl.dot((q_a * left).to(q_a.dtype), w_right, input_precision=PREC)
                     kw += tl.dot((k_a * left).to(k_a.dtype), w_right, input_precision=PREC)
@@ -204,17 +190,13 @@ def chunk_intra_kernel(
             diagonal = rows == cols
             for kb in range(0, tl.cdiv(K, BK)):
                 k_idx = kb * BK + tl.arange(0, BK)
-                origin_a = (c * BT + a * BC, kb * BK)
-                q_a = tl.load(tl.make_block_ptr(q, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
-                k_a = tl.load(tl.make_block_ptr(k, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
-                g_a = tl.load(tl.make_block_ptr(g, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                              boundary_check=(0, 1))  # fmt: skip
+                row_a, col = c * BT + a * BC, kb * BK
+                q_a = load_tile(q, row_a, col, length, K, row_stride, BC, BK)
+                k_a = load_tile(k, row_a, col, length, K, row_stride, BC, BK)
+                g_a = load_tile(g, row_a, col, length, K, row_stride, BC, BK)
                 qk += tl.where(diagonal, tl.sum(q_a.to(tl.float32) * k_a.to(tl.float32), axis=1)[:, None], 0.0)
                 if DECOUPLED:
-                    w_a = tl.load(tl.make_block_ptr(w, (length, K), (row_stride, 1), origin_a, (BC, BK), (1, 0)),
-                                  boundary_check=(0, 1))  # fmt: skip
+                    w_a = load_tile(w, row_a, col, length, K, row_stride, BC, BK)
                     qw += tl.where(diagonal, tl.sum(q_a.to(tl.float32) * w_a.to(tl.float32), axis=1)[:, None], 0.0)
                 for level in tl.static_range(LEVELS):
                     left, right, pairs = level_factors(g_block, g_a, x_valid, count, k_idx, row_stride, K, BC,
@@ -232,17 +214,12 @@ def chunk_intra_kernel(
             kk = tl.where(rows > cols, kk, 0.0)
             qw = tl.where(rows >= cols, qw, 0.0)
             kw = tl.where(rows > cols, kw, 0.0)
-        origin = (c * BT + a * BC, b * BC)
-        out = tl.make_block_ptr(a_qk, (length, BT), (H * BT, 1), origin, (BC, BC), (1, 0))
-        tl.store(out, qk * scale, boundary_check=(0, 1))
+        store_tile(a_qk, qk * scale, c * BT + a * BC, b * BC, length, BT, H * BT, BC, BC)
         if ERASE:
-            out = tl.make_block_ptr(a_kk, (length, BT), (H * BT, 1), origin, (BC, BC), (1, 0))
-            tl.store(out, kk, boundary_check=(0, 1))
+            store_tile(a_kk, kk, c * BT + a * BC, b * BC, length, BT, H * BT, BC, BC)
         if DECOUPLED:
-            out = tl.make_block_ptr(a_qw, (length, BT), (H * BT, 1), origin, (BC, BC), (1, 0))
-            tl.store(out, qw * scale, boundary_check=(0, 1))
-            out = tl.make_block_ptr(a_kw, (length, BT), (H * BT, 1), origin, (BC, BC), (1, 0))
-            tl.store(out, kw, boundary_check=(0, 1))
+            store_tile(a_qw, qw * scale, c * BT + a * BC, b * BC, length, BT, H * BT, BC, BC)
+            store_tile(a_kw, kw, c * BT + a * BC, b * BC, length, BT, H * BT, BC, BC)
 
 
 @triton.jit
@@ -272,7 +249,9 @@ def _diagonal_inverse(a_base, beta, bos, h, row0, col0, valid, stride, H: tl.con
     inverse = (rows == idx[None, :]).to(tl.float32)
     for r in tl.static_range(1, BC):
         ok = r < valid
-        l_r = tl.load(a_base + (row0 + r).to(tl.int64) * stride + col0 + idx, mask=(idx < r) & ok, other=0)
+        # tl.where, not ``(idx < r) & ok``: Triton 3.9's interpreter makes an int32 mask of a block & a scalar
+        l_r = tl.load(a_base + (row0 + r).to(tl.int64) * stride + col0 + idx, mask=tl.where(ok, idx < r, False),
+                      other=0)  # fmt: skip
         if HAS_BETA:
             l_r *= tl.load(beta + (bos + row0 + r) * H + h, mask=ok, other=0).to(tl.float32)
         inverse = tl.where(rows == r, inverse - tl.sum(l_r[:, None] * inverse, axis=0)[None, :], inverse)
@@ -281,14 +260,12 @@ def _diagonal_inverse(a_base, beta, bos, h, row0, col0, valid, stride, H: tl.con
 
 @triton.jit
 def _load_block(base, length, row0, col0, stride, BC: tl.constexpr):
-    return tl.load(tl.make_block_ptr(base, (length, 64), (stride, 1), (row0, col0), (BC, BC), (1, 0)),
-                   boundary_check=(0, 1))  # fmt: skip
+    return load_tile(base, row0, col0, length, 64, stride, BC, BC)
 
 
 @triton.jit
 def _store_block(base, value, length, row0, col0, stride, BC: tl.constexpr):
-    tl.store(tl.make_block_ptr(base, (length, 64), (stride, 1), (row0, col0), (BC, BC), (1, 0)), value,
-             boundary_check=(0, 1))  # fmt: skip
+    store_tile(base, value, row0, col0, length, 64, stride, BC, BC)
 
 
 @triton.jit
@@ -310,13 +287,6 @@ def load_decay(G, bos, h, c, valid, k0, H: tl.constexpr, K: tl.constexpr, BT: tl
 
 
 @triton.jit
-def _tile(x, bos, length, h, c, col0, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """Block pointer to rows ``c·BT ..`` (chunk c) and columns ``col0 ..`` of ``x`` ``[TT, H, D]`` for head h,
-    bounded by the sequence."""
-    return _row_tile(x, bos, length, h, c * BT, col0, H, D, BT, BD)
-
-
-@triton.jit
 def _beta(beta, bos, h, start, valid, H: tl.constexpr, N: tl.constexpr, HAS_BETA: tl.constexpr):
     """β of the N steps from ``start`` (in the sequence) as ``[N]`` fp32; 1 without β; 0 past the ``valid`` ones."""
     rows = tl.arange(0, N)
@@ -326,17 +296,11 @@ def _beta(beta, bos, h, start, valid, H: tl.constexpr, N: tl.constexpr, HAS_BETA
 
 
 @triton.jit
-def _row_tile(x, bos, length, h, row0, col0, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
-    """Block pointer to rows ``row0 ..`` (in the sequence) and columns ``col0 ..`` of ``x`` ``[TT, H, D]``."""
-    return tl.make_block_ptr(x + (bos * H + h) * D, (length, D), (H * D, 1), (row0, col0), (BR, BD), (1, 0))
-
-
-@triton.jit
 def _scaled_rows(k, G, bos, length, h, row0, valid, k0, b, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
                  BK: tl.constexpr, DECAY: tl.constexpr):  # fmt: skip
     """``Diag(β) (K ⊙ Γ)`` on ``BC`` rows from ``row0`` and columns ``k0 ..``, fp32 ``[BC, BK]``; ``b``: their β
     (0 past the ``valid`` rows). ``DECAY_NONE``: ``Diag(β) K``, for any ``[TT, H, K]`` input."""
-    x = tl.load(_row_tile(k, bos, length, h, row0, k0, H, K, BC, BK), boundary_check=(0, 1)).to(tl.float32)
+    x = load_head_tile(k, bos, length, h, row0, k0, H, K, BC, BK).to(tl.float32)
     x *= b[:, None]
     rows = tl.arange(0, BC)[:, None]
     if DECAY == DECAY_HEAD:
@@ -352,7 +316,7 @@ def _scaled_rows(k, G, bos, length, h, row0, valid, k0, b, H: tl.constexpr, K: t
 def _pv_rows(A_kw, bv, bos, length, h, row0, b, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
              PREC: tl.constexpr):  # fmt: skip
     """``−Diag(β) A_kw (βV)`` on ``BC`` rows from ``row0``; ``bv``: βV on the chunk ``[BT, BV]`` fp32."""
-    a_kw = tl.load(_row_tile(A_kw, bos, length, h, row0, 0, H, BT, BC, BT), boundary_check=(0, 1))
+    a_kw = load_head_tile(A_kw, bos, length, h, row0, 0, H, BT, BC, BT)
     return -b[:, None] * tl.dot(a_kw, bv, input_precision=PREC)
 
 
@@ -373,10 +337,10 @@ def _store_rows(x, y0, y1, y2, y3, bos, length, h, row0, col0, H: tl.constexpr, 
                 BC: tl.constexpr, BD: tl.constexpr):  # fmt: skip
     """Store four ``[BC, BD]`` row blocks at rows ``row0 ..`` of ``x``, in its dtype."""
     dtype = x.dtype.element_ty
-    tl.store(_row_tile(x, bos, length, h, row0, col0, H, D, BC, BD), y0.to(dtype), boundary_check=(0, 1))
-    tl.store(_row_tile(x, bos, length, h, row0 + BC, col0, H, D, BC, BD), y1.to(dtype), boundary_check=(0, 1))
-    tl.store(_row_tile(x, bos, length, h, row0 + 2 * BC, col0, H, D, BC, BD), y2.to(dtype), boundary_check=(0, 1))
-    tl.store(_row_tile(x, bos, length, h, row0 + 3 * BC, col0, H, D, BC, BD), y3.to(dtype), boundary_check=(0, 1))
+    store_head_tile(x, y0.to(dtype), bos, length, h, row0, col0, H, D, BC, BD)
+    store_head_tile(x, y1.to(dtype), bos, length, h, row0 + BC, col0, H, D, BC, BD)
+    store_head_tile(x, y2.to(dtype), bos, length, h, row0 + 2 * BC, col0, H, D, BC, BD)
+    store_head_tile(x, y3.to(dtype), bos, length, h, row0 + 3 * BC, col0, H, D, BC, BD)
 
 
 @triton.jit
@@ -447,7 +411,7 @@ def chunk_solve_wu_kernel(
         b_all = _beta(beta, bos, h, r0, valid, H, BT, HAS_BETA)
     for vb in range(0, tl.cdiv(V, BV)):
         if DECOUPLED:  # row blocks of P V = −Diag(β) A_kw (βV)
-            bv = tl.load(_row_tile(v, bos, length, h, r0, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            bv = load_head_tile(v, bos, length, h, r0, vb * BV, H, V, BT, BV)
             bv = bv.to(tl.float32) * b_all[:, None]
             x0 = _pv_rows(A_kw, bv, bos, length, h, r0, b0, H, BT, BC, PREC)
             x1 = _pv_rows(A_kw, bv, bos, length, h, r0 + 16, b1, H, BT, BC, PREC)
@@ -493,30 +457,29 @@ def chunk_state_fwd_kernel(
     if USE_INITIAL_STATE:
         state += tl.load(initial_state + sequence_state + state_offsets, mask=state_mask, other=0)
     dtype = states.dtype.element_ty
-    for c in range(0, tl.cdiv(length, BT).to(tl.int32)):  # int32: block-pointer offsets must be 32-bit
+    for c in range(0, tl.cdiv(length, BT).to(tl.int32)):
         valid = tl.minimum(BT, length - c * BT)
         tl.store(states + ((first + c) * H + h) * K * V + state_offsets, state.to(dtype), mask=state_mask)
         if ERASE:
-            w_t = tl.load(_tile(W_s, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1))
-            u_t = tl.load(_tile(U_v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1))
+            w_t = load_head_tile(W_s, bos, length, h, c * BT, 0, H, K, BT, BK)
+            u_t = load_head_tile(U_v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
             u_t = u_t.to(tl.float32) - tl.dot(w_t, state.to(w_t.dtype), input_precision=PREC)
-            tl.store(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), u_t.to(U.dtype.element_ty),
-                     boundary_check=(0, 1))  # fmt: skip
+            store_head_tile(U, u_t.to(U.dtype.element_ty), bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         else:
-            u_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+            u_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
             if HAS_BETA:
                 u_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
-        k_t = tl.load(_tile(k, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+        k_t = load_head_tile(k, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
         if DECAY != DECAY_NONE:
             g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
             k_t *= tl.exp(g_last[None, :] - g_t)  # K ⊙ Γ_C/Γ
             state *= tl.exp(g_last)[:, None]
         state += tl.dot(tl.trans(k_t).to(dtype), u_t.to(dtype), input_precision=PREC)
         if DECOUPLED:
-            w_t = tl.load(_tile(w, bos, length, h, c, 0, H, K, BT, BK), boundary_check=(0, 1)).to(tl.float32)
+            w_t = load_head_tile(w, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
             if DECAY != DECAY_NONE:
                 w_t *= tl.exp(g_last[None, :] - g_t)
-            x_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+            x_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
             x_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
             state += tl.dot(tl.trans(w_t).to(dtype), x_t.to(dtype), input_precision=PREC)
     if STORE_FINAL_STATE:
@@ -540,36 +503,35 @@ def chunk_output_kernel(
     out = tl.zeros([BT, BV], dtype=tl.float32)
     qk = tl.zeros([BT, BT], dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BK)):
-        q_t = tl.load(_tile(q, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+        q_t = load_head_tile(q, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
         if DECAY == DECAY_HEAD:
-            k_t = tl.load(_tile(k, bos, length, h, c, kb * BK, H, K, BT, BK), boundary_check=(0, 1))
+            k_t = load_head_tile(k, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
             qk += tl.dot(q_t, tl.trans(k_t), input_precision=PREC)
         q_t = q_t.to(tl.float32)
         if DECAY != DECAY_NONE:
             g_t, _ = load_decay(G, bos, h, c, valid, kb * BK, H, K, BT, BK, DECAY)
             q_t *= tl.exp(g_t)
-        s_t = tl.load(tl.make_block_ptr(state_base, (K, V), (V, 1), (kb * BK, vb * BV), (BK, BV), (1, 0)),
-                      boundary_check=(0, 1))  # fmt: skip
+        s_t = load_tile(state_base, kb * BK, vb * BV, K, V, V, BK, BV)
         out += tl.dot((q_t * scale).to(dtype), s_t, input_precision=PREC)
     if DECAY != DECAY_HEAD:
-        a_t = tl.load(_tile(A_qk, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        a_t = load_head_tile(A_qk, bos, length, h, c * BT, 0, H, BT, BT, BT)
     else:
         rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
         g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
         qk *= tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
         a_t = tl.where(rows >= cols, qk * scale, 0.0)
         if vb == 0:
-            tl.store(_tile(A_qk, bos, length, h, c, 0, H, BT, BT, BT), a_t, boundary_check=(0, 1))
+            store_head_tile(A_qk, a_t, bos, length, h, c * BT, 0, H, BT, BT, BT)
     if ERASE:
-        u_t = tl.load(_tile(U, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        u_t = load_head_tile(U, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
     else:
-        u_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        u_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
         if HAS_BETA:
             u_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
     out += tl.dot(a_t.to(dtype), u_t.to(dtype), input_precision=PREC)
     if DECOUPLED:
-        x_t = tl.load(_tile(v, bos, length, h, c, vb * BV, H, V, BT, BV), boundary_check=(0, 1)).to(tl.float32)
+        x_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
         x_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
-        a_t = tl.load(_tile(A_qw, bos, length, h, c, 0, H, BT, BT, BT), boundary_check=(0, 1))
+        a_t = load_head_tile(A_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)
         out += tl.dot(a_t.to(dtype), x_t.to(dtype), input_precision=PREC)
-    tl.store(_tile(o, bos, length, h, c, vb * BV, H, V, BT, BV), out.to(o.dtype.element_ty), boundary_check=(0, 1))
+    store_head_tile(o, out.to(o.dtype.element_ty), bos, length, h, c * BT, vb * BV, H, V, BT, BV)
