@@ -5,7 +5,7 @@ Public API::
     linrnn.ops.gated_delta_rule(q, k, v, g, beta)      # per-cell ops, FLA conventions
     linrnn.list_cells(), linrnn.get_cell("gdn")        # registry
     linrnn.build_mixer("kda", hidden_size, num_heads)  # one mixer layer
-    linrnn.build_model("gdn", preset="tiny")           # a language model
+    linrnn.build_model("gdn", preset="byte-tiny")           # a language model
     linrnn.generate(model, prompt_ids, max_new_tokens)
     linrnn.param_roles(model)                          # {parameter name: role}
 """

@@ -1,10 +1,17 @@
 """The ``linrnn`` command: ``linrnn demo``, ``linrnn cells``, ``linrnn presets``, ``linrnn stability``,
-``linrnn coord-check``, ``linrnn train``, ``linrnn sweep``, ``linrnn data prepare``."""
+``linrnn coord-check``, ``linrnn train``, ``linrnn sweep``, ``linrnn data prepare``.
+
+Every error in a user's arguments or input is one line on stderr, ``linrnn <command>: <message>``, with exit
+status 2: argparse's (``Parser``) and ``linrnn.errors.UsageError`` raised by a command. ``--debug`` shows the
+traceback of a ``UsageError`` instead; other exceptions always show theirs. Commands check their arguments before
+they compute anything; the argparse types below do it per value.
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 import linrnn
+from linrnn.errors import UsageError, one_line
 from linrnn.models import LanguageModel, ModelConfig, list_presets, model_config, save_checkpoint
 from linrnn.parametrizations import coord_check
 from linrnn.stability import report as stability_report
@@ -47,15 +55,45 @@ class DemoResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.command(args)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit:  # --help (0), or a bad argument already reported on one line (2)
+        return exit.code or 0
+    try:
+        return args.command(args)
+    except UsageError as error:
+        if args.debug:
+            raise
+        print(f"{args.prog}: {one_line(error)}", file=sys.stderr)
+        return 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, ``linrnn <command>: argument --x: ...`` (no usage block), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def add_command(commands, name: str, summary: str, command: Callable | None = None) -> argparse.ArgumentParser:
+    """A subcommand with its own ``--debug`` (so that it may follow the command too) and its ``prog`` for errors."""
+    parser = commands.add_parser(name, help=summary)
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    parser.set_defaults(command=command, prog=parser.prog)
+    return parser
+
+
+DEBUG_HELP = "show the traceback of an error in the arguments or input instead of one line"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="linrnn", description="Linear-RNN token mixers on one recurrence.")
-    commands = parser.add_subparsers(title="commands", required=True)
+    parser = Parser(prog="linrnn", description="Linear-RNN token mixers on one recurrence.")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
-    demo_parser = commands.add_parser("demo", help="train each cell's tiny model briefly on a sonnet, then sample")
+    demo_parser = add_command(
+        commands, "demo", "train each cell's byte-tiny model briefly on a sonnet, then sample", demo
+    )
     demo_parser.add_argument(
         "--cells",
         nargs="+",
@@ -66,7 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo_parser.add_argument("--steps", type=positive_int, default=30, help="AdamW steps per cell (default 30)")
     demo_parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo_parser.add_argument("--save", type=Path, help="directory for the trained models (DIR/<cell>.pt)")
-    demo_parser.set_defaults(command=demo)
 
     from linrnn.training import evaluate as training
     from linrnn.training import sweep
@@ -81,25 +118,26 @@ def build_parser() -> argparse.ArgumentParser:
         ("train", "prepare the embedded corpus, train through torchtitan, report validation bpb and a sample",
          training.add_train_arguments, training.train_main),
     ):  # fmt: skip
-        subparser = commands.add_parser(name, help=summary)
-        add_arguments(subparser)
-        subparser.set_defaults(command=command)
+        add_arguments(add_command(commands, name, summary, command))
     data_parser = commands.add_parser("data", help="training data")
-    data_commands = data_parser.add_subparsers(title="data commands", required=True)
-    prepare_parser = data_commands.add_parser("prepare", help="download, split and tokenize the embedded corpus")
+    data_commands = data_parser.add_subparsers(title="data commands", required=True, metavar="COMMAND")
+    prepare_parser = add_command(data_commands, "prepare", "download, split and tokenize the embedded corpus",
+                                 training.data_main)  # fmt: skip
     prepare_parser.add_argument("--force", action="store_true", help="prepare again even if it is there")
-    prepare_parser.set_defaults(command=training.data_main)
 
-    commands.add_parser("cells", help="list the recurrence cells").set_defaults(command=cells)
-    presets_parser = commands.add_parser("presets", help="list the model presets with parameter counts")
+    add_command(commands, "cells", "list the recurrence cells", cells)
+    presets_parser = add_command(commands, "presets", "list the model presets with parameter counts", presets)
     presets_parser.add_argument(
         "--cell",
         type=cell_name,
         default="gated_deltanet",
         help="cell whose parameters are counted (default gated_deltanet)",
     )
-    presets_parser.set_defaults(command=presets)
     return parser
+
+
+# argparse types: each checks one value; argparse reports "argument --x: <message>", or "invalid <type> value: 'x'"
+# when int() or float() fails
 
 
 def cell_name(name: str) -> str:
@@ -109,11 +147,64 @@ def cell_name(name: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from err
 
 
+def parametrization_name(name: str) -> str:
+    """The canonical name of a registered parametrization (aliases such as ``gdnmup`` resolve)."""
+    from linrnn import parametrizations
+
+    try:
+        return parametrizations.get(name).name
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
 def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return _number(text, int, lambda value: value >= 1, "a positive integer")
+
+
+def nonnegative_int(text: str) -> int:
+    return _number(text, int, lambda value: value >= 0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    return _number(text, float, lambda value: value > 0, "a number > 0")
+
+
+def float_in(low: float, high: float = math.inf) -> Callable[[str], float]:
+    """The argparse type of a number in [low, high]."""
+    expected = f"a number >= {low:g}" if high == math.inf else f"a number in [{low:g}, {high:g}]"
+    return lambda text: _number(text, float, lambda value: low <= value <= high, expected)
+
+
+def _number(text: str, kind: type, ok: Callable[[float], bool], expected: str):
+    """``kind(text)`` if it parses and is ``ok``, else the error "expected <expected>, got <text>"."""
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):  # NaN is never ok
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
     return value
+
+
+def existing_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"expected an existing file, got {text!r}")
+    return path
+
+
+def plot_file(text: str) -> Path:
+    """A file name whose suffix matplotlib writes (png, pdf, svg, ...), in an existing folder: checked before
+    the computation that the plot comes after."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # the plots' backend
+
+    path = Path(text)
+    formats = sorted(FigureCanvasAgg.get_supported_filetypes())
+    if path.suffix.lower().removeprefix(".") not in formats:
+        raise argparse.ArgumentTypeError(f"expected a file name ending in .{', .'.join(formats)}, got {text!r}")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a file in an existing folder, got {text!r}")
+    return path
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -135,7 +226,7 @@ def demo(args: argparse.Namespace) -> int:
 def run_cell(cell: str, data: torch.Tensor, steps: int, seed: int, progress: Progress,
              save: Path | None = None) -> DemoResult:  # fmt: skip
     torch.manual_seed(seed)
-    model = linrnn.build_model(cell, preset="tiny")
+    model = linrnn.build_model(cell, preset="byte-tiny")
     task = progress.add_task(cell, total=steps)
     start = time.perf_counter()
     losses = train(model, data, steps, lambda loss: progress.update(task, advance=1, description=f"{cell} {loss:.3f}"))
@@ -185,7 +276,7 @@ def decode_mismatch(model: LanguageModel, ids: torch.Tensor) -> float:
 
 
 def results_table(results: list[DemoResult]) -> Table:
-    table = Table(title=f"linrnn demo: tiny preset, next-byte prediction on a {len(TEXT.encode())}-byte sonnet")
+    table = Table(title=f"linrnn demo: byte-tiny preset, next-byte prediction on a {len(TEXT.encode())}-byte sonnet")
     for column in ("cell", "parameters", "first loss", "last loss", "seconds", "decode diff"):
         table.add_column(column, justify="left" if column == "cell" else "right")
     for r in results:

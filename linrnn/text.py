@@ -24,5 +24,5 @@ So long lives this, and this gives life to thee.
 
 
 def text_bytes() -> torch.Tensor:
-    """``TEXT`` as UTF-8 byte ids ``[N]`` (int64), the tiny preset's vocabulary."""
+    """``TEXT`` as UTF-8 byte ids ``[N]`` (int64), the byte-tiny preset's vocabulary."""
     return torch.tensor(list(TEXT.encode("utf-8")))

@@ -2,7 +2,9 @@
 
 Applies linrnn's back-fills (``linrnn.training.compat``) before torchtitan is imported, points torchtitan's
 ``--module`` at ``linrnn.training.configs`` and runs its trainer. Without torchrun it runs as a single process.
-``--list-configs`` prints the config names (``{cell}_{size}_{parametrization}``).
+``--list-configs`` prints the config names (``{cell}_{size}_{parametrization}``), ``--help`` the usage.
+The console carries linrnn's progress lines from rank 0 and every rank's warnings and errors; torchtitan's own
+log goes to ``{dump_folder}/torchtitan.log`` (``linrnn.training.logs``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,29 @@ import os
 import sys
 
 MODULE = "linrnn.training.configs"
+USAGE = """\
+usage: python -m linrnn.train --config NAME [torchtitan flags ...]
+       torchrun --nproc_per_node=N -m linrnn.train --config NAME [torchtitan flags ...]
+       python -m linrnn.train --list-configs
+
+Trains one of linrnn's named configs through torchtitan, on GPUs or on the CPU (one process without torchrun).
+
+options:
+  --config NAME    the run, {cell}_{size}_{parametrization}, e.g. gdn_tiny_sp
+  --list-configs   print the config names and exit
+  -h, --help       print this help and exit (with --config NAME: torchtitan's flags)
+
+Every other flag is torchtitan's and overrides a field of the config, e.g. --training.steps 50,
+--training.local_batch_size 8, --optimizer.lr 1e-3, --dump_folder DIR, --validator.freq 100,
+--checkpoint.no-enable. The console shows linrnn's progress lines (rank 0) and all warnings and errors;
+torchtitan's full log is DIR/torchtitan.log, the metrics DIR/metrics.jsonl."""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if ("-h" in argv or "--help" in argv) and _option(argv, "--config") is None:
+        print(USAGE)
+        return 0
     from linrnn.training import compat
 
     compat.install()
@@ -43,8 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     import torchtitan.train
 
+    from linrnn.training import logs
+
+    torchtitan.train.init_logger = logs.install  # linrnn's console and run file in place of torchtitan's handler
     sys.argv = [sys.argv[0], *argv]
-    torchtitan.train.main()
+    try:
+        torchtitan.train.main()
+    finally:
+        logs.close()
     return 0
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from linrnn.errors import UsageError
 from linrnn.recurrences.base import MixerOptions
 from linrnn.recurrences.registry import canonical_name
 
@@ -48,7 +49,7 @@ class ModelConfig(BaseModel):
         return self
 
 
-def _tiny() -> dict[str, Any]:
+def _byte_tiny() -> dict[str, Any]:
     """CPU tests and demos: byte vocabulary, two layers."""
     return dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2)
 
@@ -79,23 +80,33 @@ def _b1_3() -> dict[str, Any]:
     return dict(vocab_size=32000, hidden_size=2048, num_layers=20, num_heads=12, intermediate_size=_llama_mlp(2048))
 
 
+PAPER_WIDTHS = (256, 384, 512, 768, 1024, 1536)
 PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
-    "tiny": _tiny,
-    **{f"paper-{width}": _paper(width) for width in (256, 384, 512, 768, 1024, 1536)},
+    "byte-tiny": _byte_tiny,
+    **{f"paper-{width}": _paper(width) for width in PAPER_WIDTHS},
     "340m": _m340,
     "1.3b": _b1_3,
 }
+# Older spellings, still accepted: "tiny" was renamed so as not to be confused with linrnn train's size "tiny"
+PRESET_ALIASES = {"tiny": "byte-tiny", **{f"paper{width}": f"paper-{width}" for width in PAPER_WIDTHS}}
 
 
 def list_presets() -> list[str]:
+    """The canonical preset names (aliases such as ``tiny`` are accepted by ``model_config`` but not listed)."""
     return list(PRESETS)
 
 
-def model_config(cell: str, preset: str = "tiny", **overrides: Any) -> ModelConfig:
+def canonical_preset(name: str) -> str:
+    """``name``'s canonical spelling (``tiny`` → ``byte-tiny``, ``paper256`` → ``paper-256``)."""
+    canonical = PRESET_ALIASES.get(name, name)
+    if canonical not in PRESETS:
+        raise UsageError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+    return canonical
+
+
+def model_config(cell: str, preset: str = "byte-tiny", **overrides: Any) -> ModelConfig:
     """Preset values, then ``overrides``: ModelConfig fields, or MixerOptions fields (go to ``mixer``)."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
-    values = PRESETS[preset]()
+    values = PRESETS[canonical_preset(preset)]()
     mixer = dict(overrides.pop("mixer", {}))
     for name, value in overrides.items():
         if name in ModelConfig.model_fields:
@@ -104,5 +115,5 @@ def model_config(cell: str, preset: str = "tiny", **overrides: Any) -> ModelConf
             mixer[name] = value
         else:
             known = sorted((set(ModelConfig.model_fields) | set(MixerOptions.model_fields)) - {"mixer", "cell"})
-            raise ValueError(f"unknown model option {name!r}; known options: {', '.join(known)}")
+            raise UsageError(f"unknown model option {name!r}; known options: {', '.join(known)}")
     return ModelConfig(cell=cell, mixer=mixer, **values)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from linrnn.errors import UsageError, one_line
 from linrnn.models.config import ModelConfig, model_config
 from linrnn.recurrences.base import Documents, MixerState
 from linrnn.recurrences.registry import build_mixer
@@ -156,17 +159,43 @@ def save_checkpoint(model: LanguageModel, path: str | Path) -> None:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> LanguageModel:
-    """A model saved by ``save_checkpoint``."""
-    saved = torch.load(path, map_location=map_location, weights_only=True)
+    """A model saved by ``save_checkpoint``. Any other file raises ``UsageError`` (a ``ValueError``) saying why;
+    nothing in it is unpickled beyond tensors and plain containers (``weights_only=True``)."""
+
+    def not_ours(why: str) -> UsageError:
+        return UsageError(f"load_checkpoint: {path} is not a linrnn checkpoint: {why}")
+
+    with open(path, "rb") as file:  # a missing file raises FileNotFoundError, as torch.load would
+        if not zipfile.is_zipfile(file):
+            raise not_ours("expected a zip archive written by torch.save, got other bytes")
+    try:
+        saved = torch.load(path, map_location=map_location, weights_only=True)
+    except OSError:
+        raise  # no permission, ...: not about the contents
+    except Exception as error:  # pickle, zip, struct, ... errors: which one depends on the bytes
+        raise not_ours(f"torch.load cannot read it ({_reason(error)})") from error
     if not isinstance(saved, dict) or set(saved) != {"config", "model"}:
-        raise ValueError(f"load_checkpoint: {path} is not a linrnn checkpoint (expected keys config and model)")
-    model = LanguageModel(ModelConfig(**saved["config"]))
-    model.load_state_dict(saved["model"])
+        got = f"keys {sorted(map(str, saved))}" if isinstance(saved, dict) else f"a {type(saved).__name__}"
+        raise not_ours(f"expected a dict with keys ['config', 'model'], got {got}")
+    try:
+        model = LanguageModel(ModelConfig(**saved["config"]))
+    except (TypeError, ValueError) as error:
+        raise not_ours(f"its config is invalid ({_reason(error)})") from error
+    try:
+        model.load_state_dict(saved["model"])
+    except (TypeError, RuntimeError) as error:
+        raise not_ours(f"its weights do not fit its config ({_reason(error)})") from error
     return model
 
 
-def build_model(cell: str, preset: str = "tiny", **overrides: Any) -> LanguageModel:
-    """``build_model("gdn", preset="tiny", num_layers=3, expand_v=2.0)``: preset values, then overrides
+def _reason(error: Exception) -> str:
+    """The gist of an error, on one line: the weights-only unpickler's reason, else the message, shortened."""
+    text = one_line(error).split("WeightsUnpickler error:")[-1].split(" Check the documentation of torch.load")[0]
+    return textwrap.shorten(f"{type(error).__name__}: {text}", 240, placeholder=" …")
+
+
+def build_model(cell: str, preset: str = "byte-tiny", **overrides: Any) -> LanguageModel:
+    """``build_model("gdn", preset="byte-tiny", num_layers=3, expand_v=2.0)``: preset values, then overrides
     (ModelConfig fields, or mixer options such as ``use_rope``, ``backend``, ``chunk_size``)."""
     return LanguageModel(model_config(cell, preset, **overrides))
 
@@ -183,12 +212,13 @@ def generate(
     """Sample ``max_new_tokens`` after ``prompt_ids`` (``[B, T]`` or ``[T]``) one token at a time with the
     carried recurrent state; temperature 0 is greedy. Returns prompt and new tokens, ``[B, T + new]``."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"generate: argument 'max_new_tokens' must be an int >= 0, got {max_new_tokens!r}")
+        raise UsageError(f"generate: argument 'max_new_tokens' must be an int >= 0, got {max_new_tokens!r}")
     if temperature < 0:
-        raise ValueError(f"generate: argument 'temperature' must be >= 0, got {temperature!r}")
+        raise UsageError(f"generate: argument 'temperature' must be >= 0, got {temperature!r}")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"generate: argument 'top_k' must be None or an int >= 1, got {top_k!r}")
-    squeeze = isinstance(prompt_ids, Tensor) and prompt_ids.dim() == 1
+        raise UsageError(f"generate: argument 'top_k' must be None or an int >= 1, got {top_k!r}")
+    _check_prompt(prompt_ids, model.config.vocab_size)
+    squeeze = prompt_ids.dim() == 1
     tokens = prompt_ids[None] if squeeze else prompt_ids
     was_training = model.training
     model.eval()
@@ -208,3 +238,24 @@ def generate(
             logits, state = model(next_token, state=state, return_state=True)
     model.train(was_training)
     return tokens[0] if squeeze else tokens
+
+
+def _check_prompt(prompt_ids: Tensor, vocab_size: int) -> None:
+    """An integer tensor [T] or [B, T] with at least one token per row, every id in [0, vocab_size)."""
+    if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() not in (1, 2) or prompt_ids.is_floating_point():
+        got = (
+            f"{prompt_ids.dtype} tensor of shape {list(prompt_ids.shape)}"
+            if isinstance(prompt_ids, Tensor)
+            else type(prompt_ids).__name__
+        )
+        raise UsageError(f"generate: argument 'prompt_ids' must be an integer tensor [T] or [B, T], got {got}")
+    if prompt_ids.numel() == 0:
+        raise UsageError(
+            f"generate: argument 'prompt_ids' must hold at least one token, got shape {list(prompt_ids.shape)}"
+        )
+    low, high = int(prompt_ids.min()), int(prompt_ids.max())  # one device sync
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise UsageError(
+            f"generate: argument 'prompt_ids': expected token ids in [0, vocab_size = {vocab_size}), got {bad}"
+        )

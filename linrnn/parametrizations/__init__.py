@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from linrnn.errors import UsageError
 from linrnn.parametrizations.base import Applied, Optimizer, Parametrization, Rule, Shape
 from linrnn.parametrizations.base import apply as _apply
 from linrnn.parametrizations.gdn_mup import GdnMuP
@@ -24,6 +25,7 @@ from linrnn.parametrizations.mup import MuP
 from linrnn.parametrizations.sp import StandardParametrization
 
 _REGISTRY: dict[str, Parametrization] = {p.name: p for p in (StandardParametrization(), MuP(), GdnMuP())}
+ALIASES = {"gdnmup": "gdn-mup", "gdn_mup": "gdn-mup"}  # other spellings accepted wherever a name is looked up
 
 
 def list_parametrizations() -> list[str]:
@@ -35,6 +37,10 @@ def register(parametrization: Parametrization) -> None:
     ``linrnn sweep``. Registering the same class under the same name again is a no-op (a re-imported script)."""
     if not isinstance(parametrization, Parametrization) or not parametrization.name:
         raise ValueError(f"register: expected a Parametrization with a name, got {parametrization!r}")
+    if parametrization.name in ALIASES:
+        raise ValueError(
+            f"register: the name {parametrization.name!r} is an alias of {ALIASES[parametrization.name]!r}"
+        )
     known = _REGISTRY.get(parametrization.name)
     if known is not None and type(known) is not type(parametrization):
         raise ValueError(f"register: the name {parametrization.name!r} is taken by {type(known).__name__}")
@@ -42,9 +48,11 @@ def register(parametrization: Parametrization) -> None:
 
 
 def get(name: str) -> Parametrization:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown parametrization {name!r}; known: {', '.join(list_parametrizations())}")
-    return _REGISTRY[name]
+    """The parametrization registered as ``name`` (or an alias of it: ``gdnmup``, ``gdn_mup`` → ``gdn-mup``)."""
+    found = _REGISTRY.get(ALIASES.get(name, name))
+    if found is None:
+        raise UsageError(f"unknown parametrization {name!r}; known: {', '.join(list_parametrizations())}")
+    return found
 
 
 def apply(model: nn.Module, name: str, *, base_width: int, optimizer: Optimizer = "adamw",
@@ -59,4 +67,14 @@ def apply(model: nn.Module, name: str, *, base_width: int, optimizer: Optimizer 
                   readout_zero_init=readout_zero_init, base_num_heads=base_num_heads)  # fmt: skip
 
 
-__all__ = ["Applied", "Parametrization", "Rule", "Shape", "apply", "get", "list_parametrizations", "register"]
+__all__ = [
+    "ALIASES",
+    "Applied",
+    "Parametrization",
+    "Rule",
+    "Shape",
+    "apply",
+    "get",
+    "list_parametrizations",
+    "register",
+]

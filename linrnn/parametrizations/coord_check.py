@@ -13,7 +13,7 @@ predicted: ``q_hat_sqrt_d`` (the L2-normalised query × √d_k, §4.1), ``state_
 ``beta`` and ``decay`` (exp g). The readout is tracked as the logits after the logit multiplier (``logits``),
 not as ``lm_head``'s raw output.
 
-The model is the ``tiny`` preset (byte vocabulary, 2 layers, 2 heads unless ``num_heads``) at hidden size =
+The model is the ``byte-tiny`` preset (byte vocabulary, 2 layers, 2 heads unless ``num_heads``) at hidden size =
 width, MLP 4 × width, with an untied readout that starts at zero (Tensor Programs V's choice: a random readout's
 logits vanish at init as m^(-1/2) under muP, by design, and would show that instead of the dynamics). The gate
 scalars (A_log, dt_bias) of layer i are drawn from the same seed at every width, since with two heads their
@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linrnn.parametrizations import apply
+from linrnn.errors import UsageError, one_line
+from linrnn.parametrizations import apply, get
 from linrnn.recurrences.base import LinearRNNMixer, mamba_decay_params
 from linrnn.text import text_bytes
 
@@ -116,29 +117,26 @@ def coord_check(
     """Runs the check (module docstring) and returns the sizes, averaged over ``seeds`` (each seed draws its own
     init); ``lr`` defaults to 1e-3 (AdamW), 0.1 (SGD). The readout is untied, and zero at init unless
     ``readout_zero_init=False`` (then its logits vanish at init as m^(-1/2), muP's design)."""
-    import linrnn
-
+    if len(set(widths)) < 2:
+        raise UsageError(f"coord_check: argument 'widths' must hold at least two distinct widths (slopes are "
+                         f"fitted against width), got {list(widths)}")  # fmt: skip
+    if optimizer not in DEFAULT_LR:
+        raise UsageError(f"coord_check: argument 'optimizer' must be 'adamw' or 'sgd', got {optimizer!r}")
+    parametrization = get(parametrization).name  # canonical (aliases such as gdnmup resolve)
     lr = DEFAULT_LR[optimizer] if lr is None else lr
     data = text_bytes()
     if len(data) < batch * seq_len + 1:
-        raise ValueError(f"coord_check: batch × seq_len = {batch * seq_len} exceeds the {len(data) - 1} bytes of text")
+        raise UsageError(f"coord_check: batch × seq_len = {batch * seq_len} exceeds the {len(data) - 1} bytes of text")
     windows = data[: batch * seq_len + 1]
     inputs, targets = windows[:-1].view(batch, seq_len), windows[1:].view(batch, seq_len)
     seeds = tuple(seeds)
     if not seeds:
-        raise ValueError("coord_check: argument 'seeds' must name at least one seed, got ()")
+        raise UsageError("coord_check: argument 'seeds' must name at least one seed, got ()")
     result = CoordCheck(cell, parametrization, optimizer, lr, list(widths), steps)
     for seed in seeds:
         for column, width in enumerate(widths):
             torch.manual_seed(seed)
-            model = linrnn.build_model(
-                cell,
-                preset="tiny",
-                hidden_size=width,
-                intermediate_size=4 * width,
-                num_heads=num_heads,
-                tie_embeddings=False,
-            )
+            model = _model(cell, width, num_heads)
             applied = apply(
                 model,
                 parametrization,
@@ -155,6 +153,14 @@ def coord_check(
                     total = result.sizes.setdefault(name, np.zeros((steps + 1, len(widths))))
                     total[t, column] += size / len(seeds)
     return result
+
+
+def _model(cell: str, width: int, num_heads: int) -> nn.Module:
+    """The checked model at ``width``: byte-tiny, MLP 4 × width, untied readout."""
+    import linrnn
+
+    return linrnn.build_model(cell, preset="byte-tiny", hidden_size=width, intermediate_size=4 * width,
+                              num_heads=num_heads, tie_embeddings=False)  # fmt: skip
 
 
 @torch.no_grad()
@@ -235,17 +241,37 @@ def _probe_sizes(mixer: LinearRNNMixer) -> dict[str, float]:
 
 def add_arguments(parser) -> None:
     """``linrnn coord-check CELL --param NAME --optimizer adamw|sgd [--lr LR] [--widths ...] [--plot FILE]``."""
-    parser.add_argument("cell", help="cell name or alias")
-    parser.add_argument("--param", default="gdn-mup", help="parametrization: sp, mup, gdn-mup (default gdn-mup)")
+    from linrnn.cli import cell_name, nonnegative_int, parametrization_name, plot_file, positive_float, positive_int
+
+    parser.add_argument("cell", type=cell_name, help="cell name or alias")
+    parser.add_argument("--param", type=parametrization_name, default="gdn-mup",
+                        help="parametrization: sp, mup, gdn-mup (default gdn-mup)")  # fmt: skip
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
-    parser.add_argument("--lr", type=float, help="base learning rate (default 1e-3 for AdamW, 0.1 for SGD)")
-    parser.add_argument("--widths", type=int, nargs="+", default=[64, 128, 256, 512])
-    parser.add_argument("--base-width", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    parser.add_argument("--seeds", type=int, default=6, help="average the sizes over this many inits (default 6)")
+    parser.add_argument("--lr", type=positive_float, help="base learning rate (default 1e-3 for AdamW, 0.1 for SGD)")
+    parser.add_argument("--widths", type=positive_int, nargs="+", default=[64, 128, 256, 512],
+                        help="at least two distinct widths (default 64 128 256 512)")  # fmt: skip
+    parser.add_argument("--base-width", type=positive_int, default=64)
+    parser.add_argument("--steps", type=nonnegative_int, default=3, help="training steps (default 3)")
+    parser.add_argument("--seeds", type=positive_int, default=6,
+                        help="average the sizes over this many inits (default 6)")  # fmt: skip
     parser.add_argument("--random-readout", action="store_true", help="σ-initialised readout instead of zero")
     parser.add_argument("--no-pre-norm-multiplier", action="store_true", help="switch seed 000 §4.3's multiplier off")
-    parser.add_argument("--plot", help="write the size-against-width plot here (png, pdf, svg)")
+    parser.add_argument("--plot", type=plot_file, help="write the size-against-width plot here (png, pdf, svg)")
+
+
+def check_arguments(args) -> None:
+    """Before any training: at least two widths, and a mixer at every width and at the base width."""
+    from linrnn.recurrences.base import MixerConfig
+    from linrnn.recurrences.registry import get_cell
+
+    if len(set(args.widths)) < 2:
+        raise UsageError(f"argument --widths: expected at least two distinct widths, got {args.widths}")
+    for flag, width in [*(("--widths", width) for width in args.widths), ("--base-width", args.base_width)]:
+        try:  # the mixer's head dimensions, as build_mixer checks them (no tensors)
+            MixerConfig(hidden_size=width, num_heads=2, **get_cell(args.cell).defaults)
+        except ValueError as error:
+            raise UsageError(f"argument {flag}: expected a width that gives a {args.cell} model with 2 heads, got "
+                             f"{width} ({one_line(error)})") from error  # fmt: skip
 
 
 def run(args) -> int:
@@ -253,13 +279,12 @@ def run(args) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from linrnn.recurrences.registry import canonical_name
-
+    check_arguments(args)
     console = Console(width=max(Console().width, 130))
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("training", total=args.seeds * len(args.widths) * args.steps)
         check = coord_check(
-            canonical_name(args.cell),
+            args.cell,
             args.param,
             widths=tuple(args.widths),
             base_width=args.base_width,

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from linrnn.errors import UsageError
 from linrnn.stability.check import TOLERANCE, StabilityReport, check
 from linrnn.stability.measures import log_growth, spectral_radius
 from linrnn.stability.model import LayerReport, check_model
@@ -23,26 +24,45 @@ PLOT_STEPS = 200  # horizon of the plot's repeated worst step and of the seed ex
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("cells", nargs="*", default=["all"], help="cells to check, or 'all' (default), or kda_f")
-    parser.add_argument("--checkpoint", type=Path, help="check a saved model's actual gates on the demo text instead")
-    parser.add_argument("--plot", type=Path, help="write a plot of growth against T per cell (png, pdf, svg)")
-    parser.add_argument("--dim", type=int, default=8, help="key dimension K of the random and searched steps")
-    parser.add_argument("--draws", type=int, default=10_000, help="random steps per cell (default 10000)")
-    parser.add_argument("--horizon", type=int, default=32, help="steps per sequence for growth (default 32)")
-    parser.add_argument("--restarts", type=int, default=48, help="adversarial search starts (default 48)")
-    parser.add_argument("--steps", type=int, default=200, help="Adam steps per start (default 200)")
-    parser.add_argument("--beta-max", type=float, default=2.0, help="beta range [0, B] (default 2)")
-    parser.add_argument("--gamma-cond", type=float, default=1e3, help="largest cond(Γ) drawn (default 1e3)")
+    from linrnn.cli import existing_file, float_in, nonnegative_int, plot_file, positive_int
+
+    parser.add_argument("cells", nargs="*", type=_cell, default=["all"],
+                        help="cells to check, or 'all' (default), or kda_f")  # fmt: skip
+    parser.add_argument("--checkpoint", type=existing_file,
+                        help="check a saved model's actual gates on the demo text instead")  # fmt: skip
+    parser.add_argument("--plot", type=plot_file, help="write a plot of growth against T per cell (png, pdf, svg)")
+    parser.add_argument("--dim", type=positive_int, default=8, help="key dimension K of the random and searched steps")
+    parser.add_argument("--draws", type=nonnegative_int, default=10_000, help="random steps per cell (default 10000)")
+    parser.add_argument("--horizon", type=positive_int, default=32, help="steps per sequence for growth (default 32)")
+    parser.add_argument("--restarts", type=nonnegative_int, default=48, help="adversarial search starts (default 48)")
+    parser.add_argument("--steps", type=nonnegative_int, default=200, help="Adam steps per start (default 200)")
+    parser.add_argument("--beta-max", type=float_in(0, 2), default=2.0, help="beta range [0, B], B ≤ 2 (default 2)")
+    parser.add_argument("--gamma-cond", type=float_in(1), default=1e3, help="largest cond(Γ) drawn (default 1e3)")
     parser.add_argument("--basis", choices=("general", "orthogonal"), default="general",
                         help="kda_f's bases: Gaussian F or F with orthogonal columns (default general)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+
+
+def _cell(name: str) -> str:
+    """The argparse type of a cell: a registered cell (canonical name), kda_f or all."""
+    if name == "all":
+        return name
+    try:
+        return stability_cell(name)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def run(args: argparse.Namespace) -> int:
     console = Console(width=max(Console().width, TABLE_WIDTH))
     if args.checkpoint is not None:
         return _run_checkpoint(args, console)
-    names = stability_cells() if args.cells == ["all"] else [stability_cell(name) for name in args.cells]
+    if "all" in args.cells and len(args.cells) > 1:
+        raise UsageError(f"argument cells: expected 'all' alone or cell names, got {args.cells}")
+    if args.draws == 0 and not (args.restarts and args.steps):
+        raise UsageError("argument --draws: expected random draws or a search, got --draws 0 and no search "
+                         f"(--restarts {args.restarts}, --steps {args.steps})")  # fmt: skip
+    names = stability_cells() if args.cells == ["all"] else list(dict.fromkeys(args.cells))
     reports = []
     with Progress(console=console, transient=True) as progress:
         for name in names:
@@ -161,12 +181,15 @@ def _run_checkpoint(args: argparse.Namespace, console: Console) -> int:
     from linrnn.models import load_checkpoint
 
     console.width = max(console.width, 170)
-    model = load_checkpoint(args.checkpoint)
+    try:
+        model = load_checkpoint(args.checkpoint)
+    except UsageError as error:
+        raise UsageError(f"argument --checkpoint: {str(error).removeprefix('load_checkpoint: ')}") from error
     model.eval()
     data = text_bytes()
     if model.config.vocab_size < 256:
-        raise ValueError(f"--checkpoint: the demo text is bytes and needs vocab_size ≥ 256, got "
-                         f"{model.config.vocab_size}")  # fmt: skip
+        raise UsageError(f"argument --checkpoint: the demo text is bytes and needs vocab_size ≥ 256, got "
+                         f"{model.config.vocab_size} in {args.checkpoint}")  # fmt: skip
     windows = data[: (len(data) // 64) * 64].view(-1, 64)  # [B, 64]: the demo's training windows
     reports = check_model(model, windows)
     console.print(layer_table(reports, f"{args.checkpoint} on the demo text ({windows.shape[0]} × 64 bytes)"))

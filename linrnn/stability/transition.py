@@ -219,6 +219,7 @@ def _check_values(name: str, inputs: dict[str, Tensor], size: int) -> None:
         basis = inputs["F"]
         if basis.dim() < 2 or basis.shape[-2:] != (size, size):
             fail("F", f"[..., {size}, {size}]", f"shape {list(basis.shape)}")
-        smallest = torch.linalg.svdvals(basis)[..., -1]
-        if (smallest <= 1e-12 * torch.linalg.svdvals(basis)[..., 0]).any():
+        singular_values = torch.linalg.svdvals(basis)  # [..., K], descending
+        # singular in its dtype: cond(F) beyond 1 / (K eps), as numpy's matrix_rank decides
+        if (singular_values[..., -1] <= size * torch.finfo(basis.dtype).eps * singular_values[..., 0]).any():
             fail("F", "invertible", "a singular matrix")

@@ -8,7 +8,10 @@ device names) is imported; ``python -m linrnn.train`` does that first.
 - torch 2.13: ``torch.distributed.set_timeout`` does not exist yet; torchtitan calls it after the first step.
   ``distributed_c10d._set_pg_timeout`` is the same operation under its older private name.
 - No accelerator: torchtitan falls back to device type "cuda" and calls ``torch.cuda.set_device``; it is pointed
-  at the CPU instead (process groups then use gloo), with a device module that answers its memory queries.
+  at the CPU instead (process groups then use gloo), with a device module that answers its memory queries. A CPU
+  has no peak FLOPS to compute MFU against: ``get_peak_flops`` answers NaN there, instead of probing ``lspci`` and
+  warning that it falls back to an A100's. torch's warnings that DTensor random ops may not work on a CPU mesh
+  are silenced: linrnn draws its initial weights on one CPU and distributes them (``linrnn.training.model``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import types
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -43,6 +47,8 @@ def install() -> str:
 
     if not torch.cuda.is_available() and not _installed:
         titan_utils.device_type, titan_utils.device_module = "cpu", _cpu_device_module()
+        titan_utils.get_peak_flops = lambda device_name: float("nan")
+        warnings.filterwarnings("ignore", r"DTensor .* may not have complete support on cpu device mesh")
     _installed = True
     return titan_utils.device_type
 

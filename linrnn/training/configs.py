@@ -1,4 +1,4 @@
-"""Named torchtitan configs: ``{cell}_{size}_{parametrization}``, e.g. ``gdn_tiny_sp``, ``gammanet_340m_gdnmup``.
+"""Named torchtitan configs: ``{cell}_{size}_{parametrization}``, e.g. ``gdn_tiny_sp``, ``gammanet_340m_gdn-mup``.
 
 ``python -m linrnn.train --config NAME [--training.steps N ...]`` (torchtitan's ``--module`` points here);
 ``python -m linrnn.train --list-configs`` lists the names. Each config trains on the embedded corpus
@@ -10,7 +10,7 @@ resume, and validation in bits per byte on the whole held-out set. CLI flags ove
 | size | model | tokenizer | seq_len × batch / rank | base width (muP) | AdamW lr |
 |---|---|---|---|---|---|
 | ``tiny`` | 4 layers, width 128, 2 heads (CPU) | 4096 | 256 × 16 | 64 | 3e-3 |
-| ``paper256`` … ``paper1536`` | seed 000's family: 8 layers, 6 heads | 4096 | 512 × 16 | 256 | 3e-3 |
+| ``paper-256`` … ``paper-1536`` | seed 000's family: 8 layers, 6 heads | 4096 | 512 × 16 | 256 | 3e-3 |
 | ``340m`` | 21 layers, width 1024, 6 heads | 32000 | 4096 × 4 | 256 | 1e-3 |
 | ``1.3b`` | 20 layers, width 2048, 12 heads, activations recomputed | 32000 | 4096 × 4 | 256 | 6e-4 |
 """
@@ -37,7 +37,10 @@ from linrnn.training.model import TitanLanguageModel, parallelize
 from linrnn.training.optim import ParametrizedOptimizers
 
 CELLS = {"gla": "gla", "deltanet": "deltanet", "gdn": "gated_deltanet", "kda": "kda", "gammanet": "gammanet"}
-PARAMETRIZATIONS = {"sp": "sp", "mup": "mup", "gdnmup": "gdn-mup"}
+PARAMETRIZATIONS = {"sp": "sp", "mup": "mup", "gdn-mup": "gdn-mup"}
+# Older spellings, still accepted in config names and ``linrnn train`` flags
+SIZE_ALIASES = {f"paper{w}": f"paper-{w}" for w in (256, 384, 512, 768, 1024, 1536)}
+PARAMETRIZATION_ALIASES = {"gdnmup": "gdn-mup", "gdn_mup": "gdn-mup"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ TINY = {"vocab_size": 4096, "hidden_size": 128, "num_layers": 4, "intermediate_s
 SIZES = {
     "tiny": Size("tiny", 4096, 256, 16, 3e-3, TINY, base_width=64, steps=300, checkpoint_interval=100),
     **{
-        f"paper{w}": Size(f"paper-{w}", 4096, 512, 16, 3e-3, {"vocab_size": 4096})
+        f"paper-{w}": Size(f"paper-{w}", 4096, 512, 16, 3e-3, {"vocab_size": 4096})
         for w in (256, 384, 512, 768, 1024, 1536)
     },
     "340m": Size("340m", 32000, 4096, 4, 1e-3),
@@ -67,6 +70,19 @@ SIZES = {
 
 def config_names() -> list[str]:
     return [f"{cell}_{size}_{param}" for cell in CELLS for size in SIZES for param in PARAMETRIZATIONS]
+
+
+def canonical_config_name(name: str) -> str | None:
+    """``name`` with older spellings of its size and parametrization replaced (``gdn_paper256_gdnmup`` →
+    ``gdn_paper-256_gdn-mup``), or None if it names no config."""
+    parts = name.split("_")
+    for i in range(1, len(parts) - 1):  # sizes and parametrizations may contain underscores ("gdn_mup")
+        for j in range(i + 1, len(parts)):
+            cell, size, param = "_".join(parts[:i]), "_".join(parts[i:j]), "_".join(parts[j:])
+            size, param = SIZE_ALIASES.get(size, size), PARAMETRIZATION_ALIASES.get(param, param)
+            if cell in CELLS and size in SIZES and param in PARAMETRIZATIONS:
+                return f"{cell}_{size}_{param}"
+    return None
 
 
 def build(
@@ -148,7 +164,10 @@ def _named(cell: str, size: str, param: str):
     return config
 
 
-for _cell in CELLS:
+for _cell in CELLS:  # one function per name (torchtitan's --config looks it up here), older spellings too
     for _size in SIZES:
         for _param in PARAMETRIZATIONS:
             globals()[f"{_cell}_{_size}_{_param}"] = _named(_cell, _size, _param)
+            for _old_size in [_size, *(old for old, new in SIZE_ALIASES.items() if new == _size)]:
+                for _old_param in [_param, *(old for old, new in PARAMETRIZATION_ALIASES.items() if new == _param)]:
+                    globals()[f"{_cell}_{_old_size}_{_old_param}"] = globals()[f"{_cell}_{_size}_{_param}"]

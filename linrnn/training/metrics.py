@@ -1,9 +1,11 @@
 """torchtitan's metrics plus what linrnn adds: bits per byte, per-layer gate statistics, a JSON-lines log.
 
-Every logged step also goes to ``{dump_folder}/metrics.jsonl`` (rank 0): step, loss, bpb, grad norm, tokens/s
-per device, MFU (None on a CPU, which has no peak to compare with), learning rate, and per layer the mean write
-strength β and the mean decay exp(g) of the last micro-batch. Validation lines carry ``validation_loss`` and
-``validation_bpb``.
+Each logged step is one console line (loss, bpb, grad norm, tokens/s, TFLOPS, mean β per layer; on a GPU also the
+peak memory and MFU) in place of torchtitan's own, which goes to ``{dump_folder}/torchtitan.log``
+(``linrnn.training.logs``). Every logged step also goes to ``{dump_folder}/metrics.jsonl`` (rank 0): step, loss,
+bpb, grad norm, tokens/s per device, MFU (None on a CPU, which has no peak to compare with), learning rate, and per
+layer the mean write strength β and the mean decay exp(g) of the last micro-batch. Validation lines carry
+``validation_loss`` and ``validation_bpb``.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torchtitan.components.metrics import MetricsProcessor
-from torchtitan.tools.logging import logger
 
 from linrnn.recurrences.base import LinearRNNMixer
+from linrnn.training import logs
 
 
 class LinrnnMetrics(MetricsProcessor):
@@ -32,6 +34,7 @@ class LinrnnMetrics(MetricsProcessor):
         self.dump_folder = kwargs.get("dump_folder", "./outputs")
         self.on_cpu = not torch.cuda.is_available()
         self.logger = _Recording(self.logger)  # keeps the last metrics torchtitan computed (tps, mfu)
+        logs.write_to(self.dump_folder)  # torchtitan's log file, now that the run folder is known
 
     def _bpb(self, loss: float) -> float | None:
         per_token = self.config.bytes_per_token
@@ -68,8 +71,12 @@ class LinrnnMetrics(MetricsProcessor):
         }
         record.update({k: v for k, v in computed.items() if k.startswith(("lr/", "gates/"))})
         self._write(record)
-        if bpb is not None:
-            logger.info(f"step {step}: bpb {bpb:.4f}" + (f", mean β per layer {' '.join(betas)}" if betas else ""))
+        fields = [f"step {step}", f"loss {global_avg_loss:.4f}"] + ([f"bpb {bpb:.4f}"] if bpb is not None else [])
+        fields += [f"grad_norm {float(grad_norm):.3f}", f"tps {round(computed['throughput(tps)']):,}"]
+        fields += [f"tflops {computed['tflops']:.2f}", *self._gpu_fields(computed, "memory/")]
+        if not self.on_cpu and "mfu(%)" in computed:  # a CPU has no peak to compare with
+            fields.append(f"mfu {computed['mfu(%)']:.1f}%")
+        logs.log.info("  ".join(fields + ([f"β per layer {' '.join(betas)}"] if betas else [])))
 
     def log_validation(self, loss, step, extra_metrics=None):
         extra = dict(extra_metrics or {})
@@ -78,8 +85,16 @@ class LinrnnMetrics(MetricsProcessor):
             extra["validation_metrics/bpb"] = bpb
         super().log_validation(loss, step, extra_metrics=extra)
         self._write({"step": step, "validation_loss": loss, "validation_bpb": bpb})
-        if bpb is not None:
-            logger.info(f"validate step {step}: bpb {bpb:.4f}")
+        computed = self.logger.last
+        fields = [f"validation at step {step}: loss {loss:.4f}"] + ([f"bpb {bpb:.4f}"] if bpb is not None else [])
+        fields.append(f"tps {round(computed['validation_metrics/throughput(tps)']):,}")
+        logs.log.info("  ".join(fields + self._gpu_fields(computed, "validation_metrics/memory/")))
+
+    def _gpu_fields(self, computed: dict, prefix: str) -> list[str]:
+        """The peak memory torchtitan measured, on a GPU (a CPU's is not tracked)."""
+        if self.on_cpu:
+            return []
+        return [f"memory {computed[prefix + 'max_reserved(GiB)']:.2f}GiB ({computed[prefix + 'max_reserved(%)']:.0f}%)"]
 
     def _write(self, record: dict) -> None:
         if dist.is_initialized() and dist.get_rank() != 0:

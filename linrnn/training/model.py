@@ -27,7 +27,7 @@ class TitanLanguageModel(BaseModel):
     @dataclass(kw_only=True, slots=True)
     class Config(BaseModel.Config):
         cell: str = "gated_deltanet"
-        preset: str = "tiny"
+        preset: str = "byte-tiny"
         overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields and mixer options
         parametrization: str = "sp"
         base_width: int = 64

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from linrnn.errors import UsageError, one_line
 from linrnn.recurrences.registry import canonical_name
 
 OPTIMIZER_NAMES = {"adamw": "AdamW", "sgd": "SGD"}
@@ -182,7 +183,7 @@ def read_table(path: str | Path) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not a JSON row ({error}); remove or repair the line") from None
+                raise UsageError(f"{path}:{number}: not a JSON row ({error}); remove or repair the line") from None
     return rows
 
 
@@ -269,7 +270,7 @@ def model_spec(config: SweepConfig, run: Run):
 
     return TitanLanguageModel.Config(
         cell=run.cell,
-        preset="tiny",
+        preset="byte-tiny",
         overrides=dict(
             vocab_size=config.vocab_size,
             hidden_size=run.width,
@@ -526,36 +527,40 @@ def _worker(config_json, runs, device, deadline, workers, tasks, results) -> Non
 
 def add_arguments(parser) -> None:
     """``linrnn sweep [--cells ...] [--widths ...] [--adamw-lrs ...] [--table FILE] [--out DIR] [--workers N]``."""
+    from linrnn.cli import cell_name, float_in, parametrization_name, positive_float, positive_int
+
     defaults = SweepConfig()
     grid = parser.add_argument_group("grid")
-    grid.add_argument("--cells", nargs="+", default=["gdn"], help="cell names or aliases (default gdn)")
+    grid.add_argument("--cells", nargs="+", type=cell_name, default=["gdn"], help="cell names or aliases (default gdn)")
     grid.add_argument("--optimizers", nargs="+", choices=("adamw", "sgd"), default=defaults.optimizers)
-    grid.add_argument("--params", nargs="+", default=defaults.parametrizations, help="sp mup gdn-mup (default all)")
-    grid.add_argument("--widths", nargs="+", type=int, default=defaults.widths)
-    grid.add_argument("--base-width", type=int, help="default: the smallest width")
+    grid.add_argument("--params", nargs="+", type=parametrization_name, default=defaults.parametrizations,
+                      help="sp mup gdn-mup (default all)")  # fmt: skip
+    grid.add_argument("--widths", nargs="+", type=positive_int, default=defaults.widths)
+    grid.add_argument("--base-width", type=positive_int, help="default: the smallest width")
     for name, lrs in defaults.lrs.items():
         default = f"{lrs[0]:g}:{lrs[-1]:g}:{len(lrs)}"
         grid.add_argument(f"--{name}-lrs", nargs="+", type=_lrs, default=[lrs],
                           help=f"learning rates, or LOW:HIGH:COUNT log-spaced (default {default})")  # fmt: skip
     runs = parser.add_argument_group("each run")
-    runs.add_argument("--layers", type=int, default=defaults.num_layers)
-    runs.add_argument("--heads", type=int, default=defaults.num_heads)
-    runs.add_argument("--seq-len", type=int, default=defaults.seq_len)
-    runs.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    runs.add_argument("--steps", type=int, default=defaults.steps)
+    runs.add_argument("--layers", type=positive_int, default=defaults.num_layers)
+    runs.add_argument("--heads", type=positive_int, default=defaults.num_heads)
+    runs.add_argument("--seq-len", type=positive_int, default=defaults.seq_len)
+    runs.add_argument("--batch-size", type=positive_int, default=defaults.batch_size)
+    runs.add_argument("--steps", type=positive_int, default=defaults.steps)
     runs.add_argument("--warmup", type=float, default=defaults.warmup_fraction, help="warmup fraction of the steps")
-    runs.add_argument("--min-lr-factor", type=float, default=defaults.min_lr_factor)
-    runs.add_argument("--max-norm", type=float, default=defaults.max_norm, help="gradient clipping threshold")
+    runs.add_argument("--min-lr-factor", type=float_in(0, 1), default=defaults.min_lr_factor)
+    runs.add_argument("--max-norm", type=positive_float, default=defaults.max_norm, help="gradient clipping threshold")
     runs.add_argument("--momentum", type=float, default=defaults.momentum, help="SGD's Nesterov momentum")
     runs.add_argument("--readout-bias", action="store_true", help="a learned logit bias (outside the multiplier)")
     runs.add_argument("--heads-grow", action="store_true",
                       help="--heads at the base width, growing with width (fixed head dimensions)")  # fmt: skip
-    runs.add_argument("--validation-batches", type=int, help="default: the whole held-out set")
+    runs.add_argument("--validation-batches", type=positive_int, help="default: the whole held-out set")
     runs.add_argument("--seed", type=int, default=defaults.seed)
     where = parser.add_argument_group("where")
     where.add_argument("--table", type=Path, default=Path("sweeps/sweep.jsonl"), help="results, one JSON row per run")
     where.add_argument("--out", type=Path, help="report and plots (default: the table's folder)")
-    where.add_argument("--workers", type=int, default=1, help="processes training at once (they share the device)")
+    where.add_argument("--workers", type=positive_int, default=1,
+                       help="processes training at once (they share the device)")  # fmt: skip
     where.add_argument("--time-limit", type=float, help="seconds after which no new run starts (resume later)")
     where.add_argument("--device", help="cuda or cpu (default: cuda when there is one)")
     where.add_argument("--report-only", action="store_true", help="write the report of the table, train nothing")
@@ -607,12 +612,8 @@ def run(args) -> int:
     console = Console()
     try:
         config = config_from_args(args)
-    except ValidationError as error:
-        console.print(f"[red]linrnn sweep: {error}")
-        return 2
-    if args.workers < 1:
-        console.print(f"[red]linrnn sweep: --workers must be at least 1, got {args.workers}")
-        return 2
+    except ValidationError as error:  # what the argparse types leave: the grid as a whole (base width, lrs, ...)
+        raise UsageError(f"invalid sweep arguments: {one_line(error)}") from error
     if not args.report_only:
         todo = pending(config, args.table)
         # the base width is worth seeing: with one width it is that width, and every parametrization there is SP

@@ -23,7 +23,7 @@ def decode_one_by_one(model, ids, state=None):
 @pytest.mark.parametrize("cell", CELLS)
 def test_decode_equals_full_forward(cell, options):
     torch.manual_seed(0)
-    model = linrnn.build_model(cell, preset="tiny", **options).double()
+    model = linrnn.build_model(cell, preset="byte-tiny", **options).double()
     ids = torch.randint(0, 256, (2, 23))
     full = model(ids)
     stepped, _ = decode_one_by_one(model, ids)
@@ -36,7 +36,7 @@ def test_decode_equals_full_forward(cell, options):
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_forward_backward_roles(cell):
-    model = linrnn.build_model(cell, preset="tiny", num_layers=3)
+    model = linrnn.build_model(cell, preset="byte-tiny", num_layers=3)
     ids = torch.randint(0, 256, (2, 17))
     loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
     loss.backward()
@@ -69,7 +69,7 @@ def test_generate():
 
 
 def test_presets_and_overrides():
-    assert linrnn.list_presets()[0] == "tiny" and "paper-1536" in linrnn.list_presets()
+    assert linrnn.list_presets()[0] == "byte-tiny" and "paper-1536" in linrnn.list_presets()
     config = model_config("gdn", "paper-512", hidden_size=640, use_rope=True)
     assert config.cell == "gated_deltanet" and config.hidden_size == 640 and config.num_layers == 8
     assert config.mixer == {"use_rope": True} and config.intermediate_size == 4 * 512
@@ -77,7 +77,7 @@ def test_presets_and_overrides():
         wide = LanguageModel(model_config("gdn", "paper-1536"))
     # seed 000: widths up to ~342M non-embedding parameters
     assert 330e6 < wide.num_parameters(exclude_embeddings=True) < 350e6
-    with pytest.raises(ValueError, match="unknown preset 'huge'; known presets: tiny, paper-256"):
+    with pytest.raises(ValueError, match="unknown preset 'huge'; known presets: byte-tiny, paper-256"):
         linrnn.build_model("gdn", preset="huge")
     with pytest.raises(ValueError, match="unknown model option 'depth'; known options: .*num_layers"):
         linrnn.build_model("gdn", depth=3)

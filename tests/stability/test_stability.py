@@ -153,7 +153,7 @@ def test_search_climbs():
 @pytest.mark.parametrize("cell", CELLS)
 def test_model_gates_per_layer(cell):
     torch.manual_seed(0)
-    model = linrnn.build_model(cell, preset="tiny", num_layers=3)
+    model = linrnn.build_model(cell, preset="byte-tiny", num_layers=3)
     if cell == "gammanet":
         for layer in model.layers:
             layer.mixer.log_gamma.data.normal_(0, 1.0)
@@ -173,7 +173,7 @@ def test_model_gates_per_layer(cell):
 def test_model_inputs_are_what_the_op_sees():
     """Running the reference recurrence on the captured gates with v = 0 reproduces growth ‖∏A‖ for one head."""
     torch.manual_seed(1)
-    model = linrnn.build_model("kda", preset="tiny", num_layers=1)
+    model = linrnn.build_model("kda", preset="byte-tiny", num_layers=1)
     ids = torch.randint(0, 256, (1, 9))
     ((_, inputs),) = stability.model_inputs(model, ids)
     mixer = model.layers[0].mixer
@@ -187,7 +187,7 @@ def test_model_inputs_are_what_the_op_sees():
 
 def test_checkpoint_roundtrip_and_cli(tmp_path):
     torch.manual_seed(0)
-    model = linrnn.build_model("gdn", preset="tiny")
+    model = linrnn.build_model("gdn", preset="byte-tiny")
     save_checkpoint(model, tmp_path / "gdn.pt")
     loaded = load_checkpoint(tmp_path / "gdn.pt")
     ids = torch.randint(0, 256, (1, 20))

@@ -45,7 +45,7 @@ def losses(records: list[dict]) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
-@pytest.mark.parametrize("config", ["gdn_tiny_sp", "gammanet_tiny_gdnmup"])
+@pytest.mark.parametrize("config", ["gdn_tiny_sp", "gammanet_tiny_gdn-mup"])
 def test_two_process_gloo_run(corpus, tmp_path, config):
     records = train(
         tmp_path, config, "--training.steps", "3", "--checkpoint.no-enable", "--validator.steps", "2", processes=2
@@ -110,7 +110,7 @@ def test_configs_and_errors(corpus, tmp_path):
     from linrnn.training import configs, data
 
     names = configs.config_names()
-    assert {"gdn_tiny_sp", "gammanet_340m_gdnmup", "kda_1.3b_mup", "gla_paper512_sp"} <= set(names)
+    assert {"gdn_tiny_sp", "gammanet_340m_gdn-mup", "kda_1.3b_mup", "gla_paper-512_sp"} <= set(names)
     assert len(names) == 5 * len(configs.SIZES) * 3
     with pytest.raises(SystemExit, match="unknown config 'gdn_huge_sp'.*size in"):
         entry.main(["--config", "gdn_huge_sp"])
@@ -120,7 +120,7 @@ def test_configs_and_errors(corpus, tmp_path):
     config = configs.build("gated_deltanet", "tiny", "sp")
     model = config.model_spec.model
     model.update_from_config(config=config)  # the corpus tokenizer fits
-    small = type(model)(cell="gdn", preset="tiny")  # the byte preset: 256 tokens
+    small = type(model)(cell="gdn", preset="byte-tiny")  # the byte preset: 256 tokens
     with pytest.raises(ValueError, match="has 4096 tokens, more than the model's vocab_size 256"):
         small.update_from_config(config=config)
 

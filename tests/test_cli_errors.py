@@ -1,0 +1,152 @@
+"""Errors in the ``linrnn`` command's arguments and inputs: one line on stderr naming the argument, the expected and
+the actual value, exit status 2, no traceback (unless ``--debug``), before any computation. Also the library's
+checks behind them (``load_checkpoint``, ``generate``) and the name aliases."""
+
+import os
+
+import pytest
+import torch
+
+import linrnn
+from linrnn import parametrizations
+from linrnn.cli import build_parser, main
+from linrnn.errors import UsageError
+from linrnn.models import load_checkpoint, model_config, save_checkpoint
+from linrnn.parametrizations import coord_check
+from linrnn.stability import report
+
+
+def error_line(capsys, argv: list[str]) -> str:
+    """Runs ``linrnn argv``, checks it fails with exit status 2 and one line on stderr, and returns that line."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture
+def no_computation(monkeypatch):
+    """Fails the test if the stability check or the coordinate check starts."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the computation started before the arguments were checked")
+
+    monkeypatch.setattr(report, "check", forbidden)
+    monkeypatch.setattr(coord_check, "coord_check", forbidden)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["stability", "foo"], ["linrnn stability:", "argument cells", "'foo'"]),
+        (["stability", "gdn", "foo"], ["argument cells", "'foo'"]),
+        (["stability", "--dim", "0"], ["argument --dim", "positive integer", "got 0"]),
+        (["stability", "--dim", "x"], ["argument --dim", "got x"]),
+        (["stability", "--beta-max", "3"], ["argument --beta-max", "[0, 2]", "got 3"]),
+        (["stability", "gdn", "--plot", "out.xyz"], ["argument --plot", ".png", "'out.xyz'"]),
+        (["stability", "gdn", "--plot", "no/such/folder/out.png"], ["argument --plot", "existing folder"]),
+        (["stability", "--checkpoint", "no-such.pt"], ["argument --checkpoint", "'no-such.pt'"]),
+        (["stability", "--draws", "0", "--restarts", "0"], ["argument --draws", "--draws 0"]),
+        (["coord-check", "foo"], ["linrnn coord-check:", "argument cell", "'foo'"]),
+        (["coord-check", "gdn", "--param", "foo"], ["argument --param", "'foo'", "gdn-mup"]),
+        (["coord-check", "gdn", "--widths", "64"], ["argument --widths", "at least two distinct widths", "[64]"]),
+        (["coord-check", "gdn", "--widths", "64", "64"], ["argument --widths", "[64, 64]"]),
+        (["coord-check", "gdn", "--widths", "63", "128"], ["argument --widths", "got 63"]),
+        (["coord-check", "gdn", "--base-width", "6"], ["argument --base-width", "got 6"]),
+        (["coord-check", "gdn", "--plot", "coords.xyz"], ["argument --plot", "'coords.xyz'"]),
+        (["presets", "--cell", "foo"], ["linrnn presets:", "argument --cell", "'foo'"]),
+        (["foo"], ["linrnn:", "invalid choice: 'foo'"]),
+    ],
+)
+def test_one_line_before_computation(capsys, no_computation, argv, named):
+    line = error_line(capsys, argv)
+    for text in named:
+        assert text in line, line
+
+
+def test_sweep_arguments(capsys):
+    pytest.importorskip("torchtitan")
+    line = error_line(capsys, ["sweep", "--params", "umup"])
+    assert "argument --params" in line and "'umup'" in line
+    line = error_line(capsys, ["sweep", "--widths", "32", "64", "--base-width", "48"])
+    assert "base_width" in line and "48" in line
+    args = build_parser().parse_args(["sweep", "--params", "gdnmup", "sp"])
+    assert args.params == ["gdn-mup", "sp"]
+
+
+def test_debug_shows_the_traceback(no_computation):
+    with pytest.raises(UsageError, match=r"argument --widths: expected at least two distinct widths, got \[64\]"):
+        main(["--debug", "coord-check", "gdn", "--widths", "64"])
+    with pytest.raises(UsageError, match="argument --widths"):  # --debug after the command works too
+        main(["coord-check", "gdn", "--widths", "64", "--debug"])
+
+
+def test_unexpected_errors_keep_their_traceback(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(report, "check", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["stability", "gdn"])
+
+
+@pytest.fixture
+def checkpoint_files(tmp_path):
+    corrupt, foreign, text = tmp_path / "corrupt.pt", tmp_path / "foreign.pt", tmp_path / "notes.pt"
+    corrupt.write_bytes(os.urandom(4096))
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    text.write_text("not a checkpoint\n")
+    return corrupt, foreign, text
+
+
+def test_load_checkpoint_refuses_other_files(tmp_path, checkpoint_files):
+    corrupt, foreign, text = checkpoint_files
+    for path in (corrupt, text):
+        with pytest.raises(UsageError, match="is not a linrnn checkpoint: expected a zip archive") as caught:
+            load_checkpoint(path)
+        assert str(path) in str(caught.value)
+    with pytest.raises(
+        UsageError, match=r"not a linrnn checkpoint: .*keys \['config', 'model'\], got keys \['weights'\]"
+    ):
+        load_checkpoint(foreign)
+    broken = tmp_path / "broken.pt"  # a torch zip archive with a truncated body
+    save_checkpoint(linrnn.build_model("gdn"), broken)
+    broken.write_bytes(broken.read_bytes()[:2000])
+    with pytest.raises(UsageError, match="not a linrnn checkpoint"):
+        load_checkpoint(broken)
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_stability_checkpoint_error_is_one_line(capsys, no_computation, checkpoint_files):
+    for path in checkpoint_files:
+        line = error_line(capsys, ["stability", "--checkpoint", str(path)])
+        assert "argument --checkpoint" in line and str(path) in line and "not a linrnn checkpoint" in line
+
+
+def test_generate_checks_the_prompt():
+    model = linrnn.build_model("gdn")
+    with pytest.raises(UsageError, match=r"'prompt_ids' must hold at least one token, got shape \[0\]"):
+        linrnn.generate(model, torch.tensor([], dtype=torch.long), 5)
+    with pytest.raises(UsageError, match=r"'prompt_ids'.*got shape \[2, 0\]"):
+        linrnn.generate(model, torch.zeros(2, 0, dtype=torch.long), 5)
+    with pytest.raises(UsageError, match=r"'prompt_ids': expected token ids in \[0, vocab_size = 256\), got 256"):
+        linrnn.generate(model, torch.tensor([72, 256]), 5)
+    with pytest.raises(UsageError, match=r"'prompt_ids': expected token ids in \[0, vocab_size = 256\), got -1"):
+        linrnn.generate(model, torch.tensor([[-1, 3]]), 5)
+    with pytest.raises(UsageError, match="'prompt_ids' must be an integer tensor"):
+        linrnn.generate(model, torch.tensor([1.0]), 5)
+    assert linrnn.generate(model, torch.tensor([0, 255]), 3, temperature=0).shape == (5,)
+
+
+def test_one_spelling_per_name_and_aliases(capsys):
+    assert parametrizations.get("gdnmup").name == parametrizations.get("gdn_mup").name == "gdn-mup"
+    with pytest.raises(ValueError, match="alias"):
+        parametrizations.register(type("Variant", (parametrizations.Parametrization,), {"name": "gdnmup"})())
+    assert model_config("gdn", "tiny") == model_config("gdn", "byte-tiny") == model_config("gdn")
+    assert model_config("gdn", "paper256") == model_config("gdn", "paper-256")
+    assert "byte-tiny" in linrnn.list_presets() and "tiny" not in linrnn.list_presets()
+    assert main(["presets"]) == 0
+    listed = capsys.readouterr().out
+    assert "byte-tiny" in listed and "│ tiny" not in listed
