@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -253,8 +252,7 @@ def train(model: LanguageModel, data: torch.Tensor, steps: int, report: Callable
     for _ in range(steps):
         starts = torch.randint(0, len(data) - WINDOW, (BATCH, 1))
         windows = data[starts + torch.arange(WINDOW + 1)]  # [B, WINDOW + 1]
-        logits = model(windows[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
+        loss = model.loss(windows[:, :-1], windows[:, 1:])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from linrnn.kernels.chunked import recurrence_chunked
+from linrnn.kernels.library import chunk_recurrence
 from linrnn.kernels.reference import compute_dtype, recurrence_reference
 from linrnn.kernels.validation import (
     check_cu_seqlens,
@@ -236,12 +236,10 @@ def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
             args["initial_state"] = args["initial_state"].to(dtype) / gamma[:, :, None]
     if options.backend == "reference":
         o, final = recurrence_reference(q, w, v, e, g, beta, **args)
-    elif use_triton:
-        from linrnn.kernels.triton.chunk import chunk_recurrence
-
-        o, final = chunk_recurrence(q, w, v, e, g, beta, fp32_accurate=out_dtype == torch.float32, **args)
-    else:
-        o, final = recurrence_chunked(q, w, v, e, g, beta, chunk_size=options.chunk_size, **args)
+    else:  # the custom op (linrnn.kernels.library): torch.compile traces through it
+        o, final = chunk_recurrence(q, w, v, e, g, beta, backend="triton" if use_triton else "torch",
+                                    chunk_size=options.chunk_size, fp32_accurate=out_dtype == torch.float32,
+                                    **args)  # fmt: skip
     if log_gamma is not None and final is not None:
         final = final * gamma[:, :, None]
     return o.to(out_dtype), final
@@ -258,7 +256,10 @@ def _needs_grad(tensors) -> bool:
 
 
 def _longest(q: Tensor, cu_seqlens: Tensor | None) -> int:
-    return q.shape[1] if cu_seqlens is None else int(cu_seqlens.diff().max())
+    """The longest sequence's length; an upper bound (T) under torch.compile, where the boundaries are data."""
+    if cu_seqlens is None or torch.compiler.is_compiling():
+        return q.shape[1]
+    return int(cu_seqlens.diff().max())
 
 
 @functools.cache

@@ -51,6 +51,8 @@ def check_cu_seqlens(op: str, cu_seqlens: Tensor, batch: int, steps: int, device
         fail(op, f"argument 'cu_seqlens' must be on the CPU or on q's device {device}, got {cu_seqlens.device}")
     if batch != 1:
         fail(op, f"argument 'cu_seqlens' requires batch size B = 1 (sequences packed along T), got B = {batch}")
+    if torch.compiler.is_compiling():  # the values are data: reading them would break the graph (the op reads them)
+        return cu_seqlens.shape[0] - 1
     bounds = cu_seqlens.tolist()
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != steps:
         fail(op, f"argument 'cu_seqlens' must start at 0 and end at T = {steps} with at least 2 entries, got {bounds}")

@@ -52,7 +52,8 @@ class Block(nn.Module):
 
 
 class LanguageModel(nn.Module):
-    """``model(input_ids [B, T], state=None, return_state=False)`` → logits ``[B, T, vocab]`` (and the new state).
+    """``model(input_ids [B, T], state=None, return_state=False)`` → logits ``[B, T, vocab]`` (and the new state);
+    ``model.loss(input_ids, targets)`` → the mean cross-entropy without forming the logits.
 
     ``state`` is a list with one ``MixerState`` per layer, as returned with ``return_state=True``;
     feeding tokens one at a time with the carried state gives the logits of the full forward.
@@ -97,6 +98,35 @@ class LanguageModel(nn.Module):
         return_state: bool = False,
         positions: Tensor | None = None,
     ):
+        hidden, new_state = self.hidden_states(input_ids, state, return_state, positions)
+        logits = self.lm_head(hidden)
+        if self.config.logit_multiplier != 1:
+            logits = logits * self.config.logit_multiplier
+        if self.logit_bias is not None:
+            logits = logits + self.logit_bias
+        return (logits, new_state) if return_state else logits
+
+    def loss(self, input_ids: Tensor, targets: Tensor, positions: Tensor | None = None,
+             ignore_index: int = -100) -> Tensor:  # fmt: skip
+        """Mean next-token cross-entropy of ``input_ids`` ``[B, T]`` against ``targets`` ``[B, T]`` (tokens equal to
+        ``ignore_index`` left out), equal to ``cross_entropy(model(input_ids), targets)`` without forming the
+        ``[B, T, vocab]`` logits (``linrnn.kernels.cross_entropy``)."""
+        from linrnn.kernels.cross_entropy import linear_cross_entropy
+
+        if not isinstance(targets, Tensor) or targets.shape != input_ids.shape or targets.is_floating_point():
+            got = f"{targets.dtype} tensor of shape {list(targets.shape)}" if isinstance(targets, Tensor) else \
+                type(targets).__name__  # fmt: skip
+            raise ValueError(
+                f"LanguageModel.loss: argument 'targets' must be an integer tensor of input_ids' shape "
+                f"{list(input_ids.shape)}, got {got}"
+            )
+        hidden, _ = self.hidden_states(input_ids, None, False, positions)
+        return linear_cross_entropy(hidden, self.lm_head.weight, targets, bias=self.logit_bias,
+                                    multiplier=self.config.logit_multiplier, ignore_index=ignore_index)  # fmt: skip
+
+    def hidden_states(self, input_ids: Tensor, state: list[MixerState] | None = None, return_state: bool = False,
+                      positions: Tensor | None = None) -> tuple[Tensor, list[MixerState | None]]:  # fmt: skip
+        """The final norm's output ``[B, T, hidden]`` (what ``lm_head`` reads) and the new state per layer."""
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
             got = (
                 f"{input_ids.dtype} tensor of shape {list(input_ids.shape)}"
@@ -122,12 +152,7 @@ class LanguageModel(nn.Module):
             else:
                 x, layer_state = layer(x, None if state is None else state[i], return_state, documents)
             new_state.append(layer_state)
-        logits = self.lm_head(self.norm(x).reshape(*input_ids.shape, -1))
-        if self.config.logit_multiplier != 1:
-            logits = logits * self.config.logit_multiplier
-        if self.logit_bias is not None:
-            logits = logits + self.logit_bias
-        return (logits, new_state) if return_state else logits
+        return self.norm(x).reshape(*input_ids.shape, -1), new_state
 
     @staticmethod
     def _documents(input_ids: Tensor, positions: Tensor, state, return_state: bool) -> Documents:

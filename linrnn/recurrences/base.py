@@ -21,8 +21,6 @@ from einops import rearrange
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
-from linrnn.kernels import to_device
-
 
 class MixerOptions(BaseModel):
     """Options of a mixer layer that do not depend on the model's width."""
@@ -85,35 +83,30 @@ class Documents:
     start from zero at each document start. Built by ``from_positions``."""
 
     cu_seqlens: Tensor  # [D + 1] int64 document boundaries on the CPU: read once here, no device sync per layer
-    offset: Tensor  # [N] index of each token within its document
+    offset: Tensor  # [N] index of each token within its document, on the tokens' device
     positions: Tensor  # [N] the caller's positions (RoPE)
-    _crossing: dict[int, Tensor] = field(default_factory=dict, repr=False)
 
-    def crossing(self, lag: int) -> Tensor:
-        """Indices of the tokens less than ``lag`` into their document (a conv tap ``lag`` back crosses its start),
-        on the device of ``offset``, built from the host boundaries."""
-        if lag not in self._crossing:
-            starts, ends = self.cu_seqlens[:-1], self.cu_seqlens[1:]
-            counts = (ends - starts).clamp(max=lag)
-            first = torch.cumsum(counts, 0) - counts  # where each document's run starts in the result
-            within = torch.arange(int(counts.sum())) - first.repeat_interleave(counts)
-            hits = starts.repeat_interleave(counts) + within
-            self._crossing[lag] = to_device(hits, self.offset.device)
-        return self._crossing[lag]
+    _eager_build = None  # _build wrapped by torch.compiler.disable, on first use (it imports torch._dynamo, ~1 s)
 
     @classmethod
     def from_positions(cls, positions: Tensor) -> Documents:
         """``positions`` ``[B, T]``: a document starts wherever the position is 0, and at every row start. Costs one
-        device sync (the boundaries come to the host)."""
+        device sync (the boundaries come to the host). Under torch.compile it runs eagerly, outside the graph: the
+        number of documents depends on the data."""
+        if Documents._eager_build is None:
+            Documents._eager_build = torch.compiler.disable(Documents._build)
+        return Documents._eager_build(positions)
+
+    @staticmethod
+    def _build(positions: Tensor) -> Documents:
         starts = positions == 0
         starts[:, 0] = True
         starts = starts.flatten()
-        start_index = starts.cpu().nonzero().squeeze(1)  # [D] on the host
-        document = torch.cumsum(starts.long(), 0) - 1  # [N] on the device
         index = torch.arange(starts.numel(), device=positions.device)
-        offset = index - to_device(start_index, positions.device)[document]
+        offset = index - torch.where(starts, index, 0).cummax(0).values  # distance to the last start at or before
+        start_index = starts.cpu().nonzero().squeeze(1)  # [D] on the host
         cu_seqlens = torch.cat([start_index, torch.tensor([starts.numel()])])
-        return cls(cu_seqlens=cu_seqlens, offset=offset, positions=positions.flatten())
+        return Documents(cu_seqlens=cu_seqlens, offset=offset, positions=positions.flatten())
 
 
 class ShortConv(nn.Module):
@@ -134,12 +127,12 @@ class ShortConv(nn.Module):
             history = x.new_zeros(x.shape[0], x.shape[1], width - 1)
         padded = torch.cat([history.to(x.dtype), x], dim=-1)  # [B, C, W − 1 + T]
         y = F.conv1d(padded, self.weight, groups=x.shape[1])
-        if documents is not None:  # remove the crossing taps: only the first W − 1 tokens of each document
+        if documents is not None:  # remove the taps reaching before a document's start (offset < lag)
+            steps = x.shape[-1]
             for lag in range(1, width):
-                hit = documents.crossing(lag)
-                reached = padded.index_select(-1, hit + (width - 1 - lag))  # x[t − lag] for the hit tokens t
-                taps = (reached * self.weight[:, :, width - 1 - lag]).to(y.dtype)  # autocast: y is bf16
-                y = y.index_add(-1, hit, taps, alpha=-1)
+                crossing = (documents.offset < lag).to(y.dtype)  # [T]: static shapes, no host work
+                reached = padded[..., width - 1 - lag : width - 1 - lag + steps]  # x[t − lag] for every t
+                y = y - crossing * (reached * self.weight[:, :, width - 1 - lag]).to(y.dtype)  # autocast: y is bf16
         return rearrange(F.silu(y), "b c t -> b t c"), padded[..., padded.shape[-1] - (width - 1) :]
 
 

@@ -98,8 +98,8 @@ def test_half_precision(cell, dtype):
 def test_dispatch(monkeypatch):
     """Triton picks the chunkwise kernels with autograd or past 64 steps, the fused recurrent one otherwise."""
     calls = []
-    kernel = chunk.chunk_recurrence
-    monkeypatch.setattr(chunk, "chunk_recurrence", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    kernel = chunk.chunk_forward
+    monkeypatch.setattr(chunk, "chunk_forward", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     short, long = (to_kernel(make_inputs("kda", B=1, T=T, H=1, K=8, V=8), torch.float32) for T in (64, 65))
     with torch.no_grad():
         ops.kda(**short, backend="triton")

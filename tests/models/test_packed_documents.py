@@ -91,8 +91,8 @@ def test_positions_that_never_restart_equal_the_plain_forward():
     torch.testing.assert_close(model(ids, positions=positions), model(ids), rtol=1e-12, atol=1e-12)
 
 
-def test_document_boundaries_and_crossing_taps():
-    """Boundaries come to the host once; the taps crossing a document start are the first ``lag`` tokens of each."""
+def test_document_boundaries_and_offsets():
+    """Boundaries come to the host once; each token's offset is its index within its document."""
     from linrnn.recurrences.base import Documents
 
     _, _, positions = packed_batch(0)
@@ -100,9 +100,7 @@ def test_document_boundaries_and_crossing_taps():
     lengths = [n for row in LENGTHS for n in row]
     assert documents.cu_seqlens.device.type == "cpu"
     assert documents.cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    for lag in range(1, 5):
-        expected = (documents.offset < lag).nonzero().squeeze(1)
-        assert torch.equal(documents.crossing(lag), expected), lag
+    assert documents.offset.tolist() == [i for n in lengths for i in range(n)]
 
 
 def test_bad_positions():

@@ -1,4 +1,4 @@
-"""Chunkwise Triton forward and backward of the generalized recurrence (tied erase or none), as an autograd op.
+"""Chunkwise Triton forward and backward launches of the generalized recurrence (autograd: ``kernels/library.py``).
 
 The kernels and their math: ``chunk_fwd.py`` (forward) and ``chunk_bwd.py``
 (backward). Every launch treats the batch as packed sequences: ``[B, T, H, D]``
@@ -293,42 +293,3 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     if dbeta is not None:
         dbeta = dbeta.to(beta.dtype).view(beta.shape)
     return dq, dk, dw, dv, dg, dbeta, d_initial
-
-
-class ChunkRecurrence(torch.autograd.Function):
-    """The recurrence with Triton forward and backward; arguments as ``chunk_forward``."""
-
-    @staticmethod
-    def forward(ctx, q, k, w, v, g, beta, initial_state, erase, scale, output_final_state, cu_seqlens, fp32_accurate):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        w, g, beta, initial_state = (None if x is None else x.contiguous() for x in (w, g, beta, initial_state))
-        o, final, saved = chunk_forward(
-            q, k, w, v, g, beta, erase=erase, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, cu_seqlens=cu_seqlens, fp32_accurate=fp32_accurate,
-        )  # fmt: skip
-        names = ["G", "A_qk", "A_kk", "A_qw", "A_kw", "T", "W_s", "U", "states"]
-        ctx.save_for_backward(q, k, w, v, g, beta, initial_state, *(saved[n] for n in names))
-        ctx.names, ctx.layout, ctx.erase, ctx.scale = names, saved["layout"], erase, scale
-        return o, final
-
-    @staticmethod
-    def backward(ctx, do, d_final):
-        q, k, w, v, g, beta, initial_state, *buffers = ctx.saved_tensors
-        saved = dict(zip(ctx.names, buffers, strict=True), layout=ctx.layout)
-        dq, dk, dw, dv, dg, dbeta, d_initial = chunk_backward(
-            do, d_final, q, k, w, v, g, beta, initial_state, saved, erase=ctx.erase, scale=ctx.scale
-        )
-        if d_initial is not None:
-            d_initial = d_initial.to(initial_state.dtype)
-        return dq, dk, dw, dv, dg, dbeta, d_initial, None, None, None, None, None
-
-
-def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
-                     fp32_accurate=True):  # fmt: skip
-    """Same arguments and results as ``recurrence_reference`` (``e is w``: tied; None: no erase), with autograd.
-    Inputs must be validated already (``ops`` does); K and V up to 256. fp32 inputs get fp32-accurate products
-    unless ``fp32_accurate`` is False (then tf32: GammaNet's fold of 16-bit inputs, which runs in fp32 for the
-    precision of d log Γ, not for fp32 accuracy)."""
-    erase_direction, write_key = (w, None) if e is None or e is w else (e, w)  # the kernels' k and w
-    return ChunkRecurrence.apply(q, erase_direction, write_key, v, g, beta, initial_state, e is not None, scale,
-                                 output_final_state, cu_seqlens, fp32_accurate)  # fmt: skip

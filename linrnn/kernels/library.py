@@ -1,0 +1,177 @@
+"""The chunkwise recurrence as ``torch.library`` custom ops, so that ``torch.compile`` traces models through it.
+
+Two ops, each with a fake (meta) implementation that gives only shapes and dtypes:
+
+- ``linrnn::chunk_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, ...) -> (o, final_state)``
+- ``linrnn::chunk_backward(do, d_final, <the forward's inputs>) -> (dq, dk, dw, dv, dg, dbeta, d_initial)``
+
+registered as each other's autograd (``register_autograd``). Arguments follow ``triton.chunk.chunk_forward``:
+``k`` is the erase direction (the write key too when ``w`` is None), ``w`` a decoupled write key, ``erase=False``
+drops the erase term. ``backend`` is ``"torch"`` (``chunked.recurrence_chunked``) or ``"triton"``.
+
+The backward recomputes what it needs from the inputs instead of the forward saving its intermediates: autograd
+keeps only the op's inputs alive between forward and backward (activation memory), and the op's outputs are the
+same for every caller. The Triton backward reruns the forward launches for their buffers; the torch backward
+reruns the chunked forward under ``torch.func.vjp``.
+
+Custom ops return tensors only: an absent final state or gradient is a tensor with no elements, mapped back to None
+by the wrappers. ``cu_seqlens`` stays an opaque tensor argument (its values set the kernels' grids), so packed
+sequences cost no data-dependent shapes in a compiled graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from linrnn.kernels.chunked import recurrence_chunked
+from linrnn.kernels.reference import compute_dtype
+
+_NOTHING = (0,)  # shape of the stand-in for an absent tensor
+
+
+def _absent(like: Tensor) -> Tensor:
+    return like.new_empty(_NOTHING)
+
+
+def _present(x: Tensor | None) -> Tensor | None:
+    return None if x is None or x.numel() == 0 and x.dim() == 1 else x
+
+
+@torch.library.custom_op("linrnn::chunk_forward", mutates_args=())
+def chunk_forward_op(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor | None,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor | None,
+    initial_state: Tensor | None,
+    cu_seqlens: Tensor | None,
+    erase: bool,
+    scale: float,
+    output_final_state: bool,
+    fp32_accurate: bool,
+    backend: str,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor]:
+    if backend == "triton":
+        from linrnn.kernels.triton.chunk import chunk_forward
+
+        args = [x if x is None else x.contiguous() for x in (q, k, w, v, g, beta, initial_state)]
+        o, final, _ = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
+                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                    fp32_accurate=fp32_accurate)  # fmt: skip
+    else:
+        o, final = _torch_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, output_final_state,
+                                  chunk_size)  # fmt: skip
+    return o.contiguous(), (final.contiguous() if final is not None else _absent(o))  # the fake's layout
+
+
+def _torch_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, output_final_state, chunk_size):
+    write_key = k if w is None else w
+    erase_direction = (write_key if w is None else k) if erase else None  # the same tensor marks the tied case
+    return recurrence_chunked(q, write_key, v, erase_direction, g, beta, scale=scale, initial_state=initial_state,
+                              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                              chunk_size=chunk_size or None)  # fmt: skip
+
+
+@chunk_forward_op.register_fake
+def _(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, output_final_state, fp32_accurate, backend,
+      chunk_size):  # fmt: skip
+    o = v.new_empty(v.shape)
+    if not output_final_state:
+        return o, _absent(o)
+    sequences = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    state_dtype = compute_dtype(q.dtype) if backend == "torch" else torch.float32
+    return o, q.new_empty((sequences, q.shape[2], q.shape[3], v.shape[3]), dtype=state_dtype)
+
+
+@torch.library.custom_op("linrnn::chunk_backward", mutates_args=())
+def chunk_backward_op(
+    do: Tensor,
+    d_final: Tensor,
+    q: Tensor,
+    k: Tensor,
+    w: Tensor | None,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor | None,
+    initial_state: Tensor | None,
+    cu_seqlens: Tensor | None,
+    erase: bool,
+    scale: float,
+    fp32_accurate: bool,
+    backend: str,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    d_final = _present(d_final)
+    if backend == "triton":
+        from linrnn.kernels.triton.chunk import chunk_backward, chunk_forward
+
+        args = [x if x is None else x.contiguous() for x in (q, k, w, v, g, beta, initial_state)]
+        _, _, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
+                                    output_final_state=False, cu_seqlens=cu_seqlens,
+                                    fp32_accurate=fp32_accurate)  # fmt: skip
+        grads = chunk_backward(do, d_final, *args, saved, erase=erase, scale=scale)
+        grads = [*grads[:-1], None if grads[-1] is None else grads[-1].to(initial_state.dtype)]
+    else:
+        grads = _torch_backward(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale,
+                                chunk_size)  # fmt: skip
+    return tuple(_absent(do) if grad is None else grad.contiguous() for grad in grads)
+
+
+def _torch_backward(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, chunk_size):
+    """The chunked forward again, differentiated against ``do`` and ``d_final`` (``torch.func.vjp``: the op runs
+    below autograd, where a plain ``torch.autograd.grad`` would find nothing recorded)."""
+    inputs = (q, k, w, v, g, beta, initial_state)
+    present = [i for i, x in enumerate(inputs) if x is not None]
+
+    def forward(*tensors):
+        full = list(inputs)
+        for i, x in zip(present, tensors, strict=True):
+            full[i] = x
+        o, final = _torch_forward(*full, cu_seqlens, erase, scale, d_final is not None, chunk_size)
+        return (o, final) if d_final is not None else (o,)
+
+    outputs, vjp = torch.func.vjp(forward, *(inputs[i] for i in present))
+    cotangents = (do, d_final.to(outputs[1].dtype)) if d_final is not None else (do,)
+    grads = iter(vjp(cotangents))
+    return [None if x is None else next(grads) for x in inputs]
+
+
+@chunk_backward_op.register_fake
+def _(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, fp32_accurate, backend,
+      chunk_size):  # fmt: skip
+    return tuple(_absent(do) if x is None else x.new_empty(x.shape) for x in (q, k, w, v, g, beta, initial_state))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, _, fp32_accurate, backend, chunk_size = inputs
+    ctx.save_for_backward(q, k, w, v, g, beta, initial_state, cu_seqlens)
+    ctx.options = (erase, scale, fp32_accurate, backend, chunk_size)
+
+
+def _backward(ctx, do, d_final):
+    q, k, w, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
+    if d_final is None or d_final.numel() == 0:
+        d_final = _absent(do)
+    grads = chunk_backward_op(do.contiguous(), d_final.contiguous(), q, k, w, v, g, beta, initial_state,
+                              cu_seqlens, *ctx.options)  # fmt: skip
+    grads = [_present(grad) for grad in grads]
+    return (*grads, None, *([None] * 6))  # cu_seqlens and the options get no gradient
+
+
+chunk_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
+                     backend="torch", chunk_size=None, fp32_accurate=True):  # fmt: skip
+    """``recurrence_reference``'s arguments and results (``e is w``: tied erase; None: no erase) through the custom
+    op, with autograd. Inputs must be validated already (``linrnn.ops`` does)."""
+    erase_direction, write_key = (w, None) if e is None or e is w else (e, w)  # the ops' k and w
+    if cu_seqlens is not None and cu_seqlens.dtype != torch.int64:
+        cu_seqlens = cu_seqlens.long()
+    o, final = chunk_forward_op(q, erase_direction, write_key, v, g, beta, initial_state, cu_seqlens, e is not None,
+                                float(scale), output_final_state, fp32_accurate, backend, chunk_size or 0)  # fmt: skip
+    return o, final if output_final_state else None

@@ -1,0 +1,121 @@
+"""``torch.compile`` of the language model equals the eager model: logits and every parameter's gradient, fp32 on
+the CPU (the recurrence is the ``linrnn::chunk_forward`` custom op, so the whole model is one graph).
+
+Every cell through AOTAutograd (``backend="aot_eager"``: the forward and backward graphs inductor receives, run
+without code generation, seconds per cell); Gated DeltaNet also through inductor (code generation, about a minute
+on 2 cores). Packed documents: each block compiled with ``fullgraph=True``, as torchtitan compiles them; the whole
+model breaks its graph once, where the document boundaries come to the host (``Documents.from_positions``)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import linrnn
+from linrnn.kernels import library
+from tests.helpers import CELLS
+
+RTOL = 1e-5
+
+
+def relative_error(actual, expected) -> float:
+    return float(torch.linalg.norm(actual - expected) / torch.linalg.norm(expected).clamp_min(1e-30))
+
+
+def loss_and_grads(model, ids, targets, **kwargs):
+    model.zero_grad()
+    logits = model(ids, **kwargs)
+    F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+    parameters = getattr(model, "_orig_mod", model).named_parameters()  # torch.compile's wrapper adds a prefix
+    return logits.detach(), {name: p.grad.clone() for name, p in parameters}
+
+
+def assert_same(compiled, eager):
+    (logits, grads), (ref_logits, ref_grads) = compiled, eager
+    assert relative_error(logits, ref_logits) <= RTOL
+    for name, grad in ref_grads.items():
+        assert relative_error(grads[name], grad) <= RTOL, name
+
+
+def tiny_model(cell: str):
+    torch.manual_seed(0)
+    return linrnn.build_model(cell, num_layers=2, use_rope=True, backend="torch", chunk_size=8)
+
+
+def batch(seed: int, shape=(2, 37)):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, shape, generator=gen), torch.randint(0, 256, shape, generator=gen)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_fullgraph_compile_equals_eager(cell):
+    torch._dynamo.reset()
+    model = tiny_model(cell)
+    compiled = torch.compile(copy.deepcopy(model), fullgraph=True, backend="aot_eager")
+    for seed in (1, 2):  # the second batch runs the compiled graphs again
+        ids, targets = batch(seed)
+        assert_same(loss_and_grads(compiled, ids, targets), loss_and_grads(model, ids, targets))
+
+
+def test_inductor_compile_equals_eager():
+    torch._dynamo.reset()
+    model = tiny_model("gated_deltanet")
+    compiled = torch.compile(copy.deepcopy(model), fullgraph=True)
+    ids, targets = batch(3)
+    assert_same(loss_and_grads(compiled, ids, targets), loss_and_grads(model, ids, targets))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_compiled_blocks_on_packed_documents(cell):
+    torch._dynamo.reset()
+    model = tiny_model(cell)
+    compiled = copy.deepcopy(model)
+    for block in compiled.layers:
+        block.compile(fullgraph=True, backend="aot_eager")
+    ids, targets = batch(4)
+    for cut in (20, 5):  # documents of other lengths: the same graphs (the boundaries are an opaque input)
+        positions = torch.cat([torch.arange(cut), torch.arange(37 - cut)]).expand(2, 37)
+        assert_same(
+            loss_and_grads(compiled, ids, targets, positions=positions),
+            loss_and_grads(model, ids, targets, positions=positions),
+        )
+
+
+def test_whole_model_on_packed_documents_breaks_once():
+    """The host reads the boundaries outside the graph (``Documents.from_positions``): one graph break."""
+    torch._dynamo.reset()
+    model = tiny_model("kda")
+    ids, targets = batch(5)
+    positions = torch.cat([torch.arange(11), torch.arange(26)]).expand(2, 37)
+    explained = torch._dynamo.explain(model)(ids, positions=positions)
+    assert explained.graph_break_count <= 1, explained.break_reasons
+    compiled = torch.compile(copy.deepcopy(model), backend="aot_eager")
+    assert_same(
+        loss_and_grads(compiled, ids, targets, positions=positions),
+        loss_and_grads(model, ids, targets, positions=positions),
+    )
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("initial_state", [False, True])
+def test_custom_op_registration(varlen, initial_state):
+    """``torch.library.opcheck``: schema, autograd registration, fake tensors against the real op, AOT dispatch."""
+    torch.manual_seed(0)
+    batch_size, steps, heads, key_dim, value_dim = (1 if varlen else 2), 19, 2, 8, 6
+
+    def leaf(*shape):
+        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+    q, v = leaf(batch_size, steps, heads, key_dim), leaf(batch_size, steps, heads, value_dim)
+    k = F.normalize(torch.randn(batch_size, steps, heads, key_dim, dtype=torch.float64), dim=-1).requires_grad_()
+    g = (-torch.rand(batch_size, steps, heads, key_dim, dtype=torch.float64)).requires_grad_()
+    beta = torch.rand(batch_size, steps, heads, dtype=torch.float64, requires_grad=True)
+    cu_seqlens = torch.tensor([0, 5, 19]) if varlen else None
+    sequences = 2
+    state = leaf(sequences, heads, key_dim, value_dim) if initial_state else None
+    args = (q, k, None, v, g, beta, state, cu_seqlens, True, 0.3, True, True, "torch", 4)
+    results = torch.library.opcheck(library.chunk_forward_op, args)
+    assert set(results.values()) == {"SUCCESS"}, results
