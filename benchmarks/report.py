@@ -13,10 +13,12 @@ def main(path: str) -> None:
     runs = json.load(open(path))
     medians = defaultdict(dict)  # (cell, batch) -> {impl: seconds}
     prefill = defaultdict(dict)  # (cell, steps) -> {impl: seconds}
-    chunk = []
+    chunk, model = [], []
     for bench in runs["benchmarks"]:
         info = bench["extra_info"]
-        if info.get("kind") == "chunk":
+        if info.get("kind") == "model":
+            model.append(info)
+        elif info.get("kind") == "chunk":
             chunk.append(dict(info, median=bench["stats"]["median"]))
         elif info.get("kind") == "prefill":
             prefill[(info["cell"], info["steps"])][info["impl"]] = bench["stats"]["median"]
@@ -25,6 +27,8 @@ def main(path: str) -> None:
     print(f"device: {runs['machine_info'].get('cpu', {}).get('brand_raw', '?')} host; {runs.get('datetime', '')}")
     if chunk:
         chunk_tables(chunk)
+    if model:
+        model_table(model)
     if not medians:
         return
     print("| cell | batch | linrnn (µs) | linrnn torch path (µs) | FLA (µs) | linrnn / FLA | linrnn tokens/s |")
@@ -68,6 +72,31 @@ def chunk_tables(rows: list[dict]) -> None:
     print(f"\nlinrnn backend: {', '.join(backends) or '-'}. Host medians with a device sync per call.")
     if lifted:
         print("FLA's Hopper guard on its gated backward (triton < 3.7.1, its issue #640) was lifted: speed only.")
+
+
+def model_table(rows: list[dict]) -> None:
+    """benchmarks/test_model_gpu.py: tokens/s and peak memory per model and shape, with the ratios to FLA's model
+    of the same cell and to the Llama in the same run."""
+    print("| shape | model | tokens/s | peak GiB | × FLA (same cell) | × Llama | params | last loss |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    by_shape = defaultdict(dict)
+    for row in rows:
+        by_shape[(row["batch"], row["steps"])][row["model"]] = row
+    for (batch, steps), models in by_shape.items():
+        llama = models.get("llama", {}).get("tokens_per_s")
+        for name, row in models.items():
+            cell = name.split("_")[1] if "_" in name else None
+            fla = models.get(f"fla_{cell}", {}).get("tokens_per_s")
+            versus_fla, versus_llama = (_ratio(row["tokens_per_s"], peer) for peer in (fla, llama))
+            peak = f"{row['peak_gib']:.1f}" if row.get("peak_gib") is not None else "–"
+            print(
+                f"| {batch}×{steps} | {name} | {row['tokens_per_s']:,.0f} | {peak} | {versus_fla} | {versus_llama} | "
+                f"{row['params'] / 1e6:.1f}M | {row['last_loss']:.3f} |"
+            )
+
+
+def _ratio(value: float, peer: float | None) -> str:
+    return f"{value / peer:.2f}" if peer else "–"
 
 
 if __name__ == "__main__":

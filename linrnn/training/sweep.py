@@ -337,9 +337,9 @@ def train_run(config: SweepConfig, run: Run, corpus: Corpus, device: torch.devic
     model.train()
     for step in range(1, config.steps + 1):
         inputs, labels = next(batches)
-        with autocast:
-            logits = model(inputs["input"].to(device), positions=inputs["positions"].to(device))
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.to(device).flatten(), ignore_index=IGNORE_INDEX)
+        with autocast:  # the loss path: no [B, T, vocab] logits
+            loss = model.model.loss(inputs["input"].to(device), labels.to(device),
+                                    positions=inputs["positions"].to(device), ignore_index=IGNORE_INDEX)  # fmt: skip
         loss.backward()
         if step % 10 == 1:  # the steps of loss_curve; kept on the device (no sync)
             role_norms.append(torch.stack([_grad_norm(parameters) for parameters in by_role.values()]))

@@ -99,23 +99,34 @@ def test_whole_model_on_packed_documents_breaks_once():
     )
 
 
-@pytest.mark.parametrize("varlen", [False, True])
-@pytest.mark.parametrize("initial_state", [False, True])
-def test_custom_op_registration(varlen, initial_state):
-    """``torch.library.opcheck``: schema, autograd registration, fake tensors against the real op, AOT dispatch."""
+@pytest.mark.parametrize(
+    ("backend", "varlen", "initial_state"),
+    [("torch", False, False), ("torch", False, True), ("torch", True, False), ("torch", True, True),
+     ("triton", False, False), ("triton", True, True)],  # the interpreter takes ~10 s a case
+)  # fmt: skip
+def test_custom_op_registration(backend, varlen, initial_state):
+    """``torch.library.opcheck``: schema, autograd registration, fake tensors against the real op (shapes, dtypes,
+    strides), AOT dispatch; the Triton path in fp32 (under the interpreter on a CPU), the torch path in fp64."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    dtype = torch.float64 if backend == "torch" else torch.float32
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     batch_size, steps, heads, key_dim, value_dim = (1 if varlen else 2), 19, 2, 8, 6
 
     def leaf(*shape):
-        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+        return torch.randn(*shape, dtype=dtype, device=device, requires_grad=True)
 
     q, v = leaf(batch_size, steps, heads, key_dim), leaf(batch_size, steps, heads, value_dim)
-    k = F.normalize(torch.randn(batch_size, steps, heads, key_dim, dtype=torch.float64), dim=-1).requires_grad_()
-    g = (-torch.rand(batch_size, steps, heads, key_dim, dtype=torch.float64)).requires_grad_()
-    beta = torch.rand(batch_size, steps, heads, dtype=torch.float64, requires_grad=True)
+    k = F.normalize(torch.randn(batch_size, steps, heads, key_dim, dtype=dtype, device=device), dim=-1)
+    g = -torch.rand(batch_size, steps, heads, key_dim, dtype=torch.float32 if backend == "triton" else dtype,
+                    device=device)  # fmt: skip
+    beta = torch.rand(batch_size, steps, heads, dtype=g.dtype, device=device)
+    k, g, beta = (x.requires_grad_() for x in (k, g, beta))
     cu_seqlens = torch.tensor([0, 5, 19]) if varlen else None
-    sequences = 2
-    state = leaf(sequences, heads, key_dim, value_dim) if initial_state else None
-    args = (q, k, None, v, g, beta, state, cu_seqlens, True, 0.3, True, True, "torch", 4)
+    state = leaf(2, heads, key_dim, value_dim).float().detach().requires_grad_() if initial_state else None
+    if state is not None and backend == "torch":
+        state = state.detach().to(dtype).requires_grad_()
+    args = (q, k, None, v, g, beta, state, cu_seqlens, True, 0.3, True, True, backend, 4)
     results = torch.library.opcheck(library.chunk_forward_op, args)
     assert set(results.values()) == {"SUCCESS"}, results

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call: the whole-model training-step benchmark (benchmarks/test_model_gpu.py) and its RESULTS.md table.
+# Carry .whl (pydantic and its dependencies, einops, fla-core 0.6.0 and flash-linear-attention 0.6.0; transformers
+# is on the machine) and .triton_cache.tgz when there is one.
+# Usage: bash scripts/gpu_model.sh [more pytest arguments, e.g. -k 4x4096]
+# Env: MODEL_BENCH_MODELS, MODEL_BENCH_SHAPES, MODEL_BENCH_ROUNDS (the test module's docstring); writes $OUT/model.json,
+# $OUT/model.log, $OUT/profile_*.txt (linrnn models) and $OUT/triton_cache.tgz.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+out="${OUT:-/tmp}"
+export PYTHONPATH="/tmp/site:$PWD" FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1 TRITON_STORE_BINARY_ONLY=1
+export MODEL_BENCH_PROFILE_DIR="$out"
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -f .triton_cache.tgz ]; then tar xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"; fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+python3 -c "import fla, transformers; print('fla', fla.__version__, 'transformers', transformers.__version__)"
+timeout -k 20 "${MODEL_BENCH_SECONDS:-540}" python3 -m pytest -q -p no:cacheprovider benchmarks/test_model_gpu.py \
+  --benchmark-only --benchmark-json="$out/model.json" --benchmark-columns=median,rounds "$@" > "$out/model.log" 2>&1 \
+  || tail -40 "$out/model.log"
+python3 benchmarks/report.py "$out/model.json" || echo "no benchmark results"
+tar czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
