@@ -99,11 +99,14 @@ linear_cross_entropy_op.register_autograd(_backward, setup_context=_setup_contex
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Tensor | None = None,
-                         multiplier: float = 1.0, ignore_index: int = -100,
+                         multiplier: float = 1.0, ignore_index: int = -100, reduction: str = "mean",
                          chunk_tokens: int | None = None) -> Tensor:  # fmt: skip
-    """Mean cross-entropy of ``multiplier · hidden @ weightᵀ + bias`` against ``targets`` (module docstring).
+    """Cross-entropy of ``multiplier · hidden @ weightᵀ + bias`` against ``targets`` (module docstring), the mean
+    (``reduction="mean"``) or the sum (``"sum"``) over the targets that are not ``ignore_index``.
     hidden ``[..., D]``, targets ``[...]`` (int64), weight ``[V, D]``, bias ``[V]``. Under autocast the product
     runs in autocast's dtype, as ``nn.Linear`` would; the softmax and the loss are fp32."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"linear_cross_entropy: argument 'reduction' must be 'mean' or 'sum', got {reduction!r}")
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(f"linear_cross_entropy: argument 'targets' must have hidden's leading shape "
                          f"{list(hidden.shape[:-1])}, got {list(targets.shape)}")  # fmt: skip
@@ -118,4 +121,4 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, bia
     with_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (hidden, weight, bias))
     loss, *_ = linear_cross_entropy_op(hidden, weight, targets, bias, float(multiplier), ignore_index, chunk_tokens,
                                        with_grad)  # fmt: skip
-    return loss / (targets != ignore_index).sum().clamp_min(1)
+    return loss if reduction == "sum" else loss / (targets != ignore_index).sum().clamp_min(1)

@@ -106,11 +106,11 @@ class LanguageModel(nn.Module):
             logits = logits + self.logit_bias
         return (logits, new_state) if return_state else logits
 
-    def loss(self, input_ids: Tensor, targets: Tensor, positions: Tensor | None = None,
-             ignore_index: int = -100) -> Tensor:  # fmt: skip
-        """Mean next-token cross-entropy of ``input_ids`` ``[B, T]`` against ``targets`` ``[B, T]`` (tokens equal to
-        ``ignore_index`` left out), equal to ``cross_entropy(model(input_ids), targets)`` without forming the
-        ``[B, T, vocab]`` logits (``linrnn.kernels.cross_entropy``)."""
+    def loss(self, input_ids: Tensor, targets: Tensor, positions: Tensor | None = None, ignore_index: int = -100,
+             reduction: str = "mean") -> Tensor:  # fmt: skip
+        """Next-token cross-entropy of ``input_ids`` ``[B, T]`` against ``targets`` ``[B, T]`` (tokens equal to
+        ``ignore_index`` left out; ``reduction`` "mean" or "sum"), equal to ``cross_entropy(model(input_ids),
+        targets)`` without forming the ``[B, T, vocab]`` logits (``linrnn.kernels.cross_entropy``)."""
         from linrnn.kernels.cross_entropy import linear_cross_entropy
 
         if not isinstance(targets, Tensor) or targets.shape != input_ids.shape or targets.is_floating_point():
@@ -122,7 +122,8 @@ class LanguageModel(nn.Module):
             )
         hidden, _ = self.hidden_states(input_ids, None, False, positions)
         return linear_cross_entropy(hidden, self.lm_head.weight, targets, bias=self.logit_bias,
-                                    multiplier=self.config.logit_multiplier, ignore_index=ignore_index)  # fmt: skip
+                                    multiplier=self.config.logit_multiplier, ignore_index=ignore_index,
+                                    reduction=reduction)  # fmt: skip
 
     def hidden_states(self, input_ids: Tensor, state: list[MixerState] | None = None, return_state: bool = False,
                       positions: Tensor | None = None) -> tuple[Tensor, list[MixerState | None]]:  # fmt: skip

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from torchtitan.components.checkpoint import CheckpointManager
-from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.components.validate import Validator
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
@@ -33,7 +32,7 @@ from linrnn.recurrences.registry import canonical_name
 from linrnn.training import data
 from linrnn.training.loader import WindowDataLoader
 from linrnn.training.metrics import LinrnnMetrics
-from linrnn.training.model import TitanLanguageModel, parallelize
+from linrnn.training.model import ReadoutLoss, TitanLanguageModel, parallelize
 from linrnn.training.optim import ParametrizedOptimizers
 
 CELLS = {"gla": "gla", "deltanet": "deltanet", "gdn": "gated_deltanet", "kda": "kda", "gammanet": "gammanet"}
@@ -123,7 +122,7 @@ def build(
         ),
         hf_assets_path=str(data.tokenizer_dir(spec.vocab)),
         dump_folder=f"outputs/{name}",
-        loss=CrossEntropyLoss.Config(),
+        loss=ReadoutLoss.Config(),
         optimizer=ParametrizedOptimizers.Config(
             name=optimizer, lr=spec.lr, implementation="fused" if on_gpu else "foreach"
         ),

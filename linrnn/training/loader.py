@@ -71,7 +71,8 @@ class WindowDataLoader(BaseDataLoader):
             inputs, labels = rows[:, :-1], rows[:, 1:].clone()
             labels[labels == self.bos] = IGNORE_INDEX
             self.calls += 1
-            yield {"input": inputs, "positions": positions_since(inputs, self.bos)}, labels
+            # every key besides "input" is a model-forward keyword: targets select the loss path (model.py)
+            yield {"input": inputs, "positions": positions_since(inputs, self.bos), "targets": labels}, labels
 
     def state_dict(self) -> dict:
         return {"calls": self.calls}

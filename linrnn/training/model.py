@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torchtitan.components.loss import IGNORE_INDEX, BaseLoss, cross_entropy_loss
 from torchtitan.protocols import BaseModel
 
 from linrnn import parametrizations
@@ -65,8 +66,13 @@ class TitanLanguageModel(BaseModel):
     def verify_module_protocol(self) -> None:
         """The wrapped model is plain ``nn.Module``s; ``init_weights`` below initialises all of it."""
 
-    def forward(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
-        return self.model(tokens, positions=positions)
+    def forward(self, tokens: Tensor, positions: Tensor | None = None, targets: Tensor | None = None) -> Tensor:
+        """Logits ``[B, L, vocab]``; with ``targets`` (linrnn's loaders pass them) the summed cross-entropy over the
+        targets that are not ``IGNORE_INDEX`` instead, through ``LanguageModel.loss``: no ``[B, L, vocab]`` logits,
+        and under FSDP the readout weight is gathered for this forward like every other root parameter."""
+        if targets is None:
+            return self.model(tokens, positions=positions)
+        return self.model.loss(tokens, targets, positions=positions, ignore_index=IGNORE_INDEX, reduction="sum")
 
     @torch.no_grad()
     def init_weights(self, buffer_device=None, **kwargs) -> None:
@@ -95,6 +101,24 @@ class TitanLanguageModel(BaseModel):
                 value = distribute_tensor(value.to(target.device, target.dtype), target.device_mesh, target.placements)
             target.copy_(value)
         self.applied.model = self.model  # param_groups resolves names against the trained model
+
+
+class ReadoutLoss(BaseLoss):
+    """torchtitan's loss for linrnn's models: the model's output is already the summed cross-entropy when the batch
+    carried ``targets`` (``TitanLanguageModel.forward``); logits otherwise get torchtitan's summed cross-entropy.
+    The trainer divides by the global number of target tokens, as for its own loss."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseLoss.Config):
+        pass
+
+    def __init__(self, config: Config, *, compile_config=None):
+        self.fn = _summed_loss
+        self._maybe_compile(compile_config)
+
+
+def _summed_loss(pred: Tensor, labels: Tensor) -> Tensor:
+    return pred if pred.dim() == 0 else cross_entropy_loss(pred, labels)
 
 
 def flops_per_token(config: ModelConfig, chunk_size: int = 64) -> int:

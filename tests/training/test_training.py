@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from linrnn import train as entry
 
@@ -229,3 +230,45 @@ def test_parametrization_reaches_the_torchtitan_model_and_optimizer(corpus):
     assert lrs == {f"model.{name}": pytest.approx(0.1 * multiplier) for name, multiplier in expected.items()}
     with pytest.raises(ValueError, match="parametrized for 'sgd' but --optimizer.name is 'AdamW'"):
         ParametrizedOptimizers(ParametrizedOptimizers.Config(name="AdamW"), model_parts=[model])
+
+
+def test_the_loss_path_equals_the_logits_path(corpus, tmp_path):
+    """With ``targets`` in the batch (linrnn's loader puts them there) the torchtitan model returns the summed
+    cross-entropy through ``LanguageModel.loss``: equal to torchtitan's loss of the logits, gradients too; the
+    trainer's loss (``ReadoutLoss``) divides it by the global token count as torchtitan's own does."""
+    from linrnn.training import compat
+
+    compat.install()
+    from torchtitan.components.loss import cross_entropy_loss
+
+    from linrnn.training import configs, data
+    from linrnn.training.loader import WindowDataLoader
+    from linrnn.training.model import ReadoutLoss, TitanLanguageModel
+
+    config = configs.build("kda", "tiny", "gdn-mup")
+    model = TitanLanguageModel(config.model_spec.model).double()
+    model.init_weights()
+    data.register_datasets()
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": "a short document " * (1 + i % 4)}) + "\n" for i in range(30)))
+    loader = WindowDataLoader(WindowDataLoader.Config(dataset="files", dataset_path=str(docs)), dp_world_size=1,
+                              dp_rank=0, tokenizer=CharTokenizer(), seq_len=40, local_batch_size=3)  # fmt: skip
+    batch, labels = next(iter(loader))
+    assert torch.equal(batch["targets"], labels) and (labels == -100).any()  # documents start inside the windows
+
+    results, logits = [], None
+    for with_targets in (False, True):
+        model.zero_grad()
+        kwargs = {"positions": batch["positions"], "targets": labels if with_targets else None}
+        pred = model(batch["input"], **kwargs)
+        logits = pred if not with_targets else logits
+        loss = pred if with_targets else F.cross_entropy(pred.flatten(0, 1), labels.flatten(), reduction="sum")
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (expected, want), (loss, grads) = results
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, want[name], rtol=1e-9, atol=1e-12, msg=name)
+    torch.testing.assert_close(cross_entropy_loss(logits.detach(), labels), expected.float())  # torchtitan's: fp32
+    scaled, _ = ReadoutLoss(ReadoutLoss.Config())(loss, labels, torch.tensor(7.0, dtype=torch.float64))
+    assert scaled == loss / 7
