@@ -11,8 +11,9 @@ drops the erase term. ``backend`` is ``"torch"`` (``chunked.recurrence_chunked``
 
 The backward recomputes what it needs from the inputs instead of the forward saving its intermediates: autograd
 keeps only the op's inputs alive between forward and backward (activation memory), and the op's outputs are the
-same for every caller. The Triton backward reruns the forward launches for their buffers; the torch backward
-reruns the chunked forward under ``torch.func.vjp``.
+same for every caller. The Triton backward reruns the forward launches for their buffers (not the output kernel,
+except with per-head decay, where it forms ``A_qk``); the torch backward reruns the chunked forward under
+``torch.func.vjp``.
 
 Custom ops return tensors only: an absent final state or gradient is a tensor with no elements, mapped back to None
 by the wrappers. ``cu_seqlens`` stays an opaque tensor argument (its values set the kernels' grids), so packed
@@ -111,8 +112,8 @@ def chunk_backward_op(
 
         args = [x if x is None else x.contiguous() for x in (q, k, w, v, g, beta, initial_state)]
         _, _, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
-                                    output_final_state=False, cu_seqlens=cu_seqlens,
-                                    fp32_accurate=fp32_accurate)  # fmt: skip
+                                    output_final_state=False, cu_seqlens=cu_seqlens, fp32_accurate=fp32_accurate,
+                                    need_output=False)  # fmt: skip
         grads = chunk_backward(do, d_final, *args, saved, erase=erase, scale=scale)
         grads = [*grads[:-1], None if grads[-1] is None else grads[-1].to(initial_state.dtype)]
     else:

@@ -118,10 +118,13 @@ class _Layout:
 
 
 def chunk_forward(
-    q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens, fp32_accurate=True
-):
+    q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens, fp32_accurate=True,
+    need_output=True,
+):  # fmt: skip
     """Forward launches. ``k``: the erase direction (the write key when tied or without erase); ``w``: the write
-    key when decoupled (w ≠ k), else None. Returns ``(o, final_state, saved)``, ``saved`` for the backward."""
+    key when decoupled (w ≠ k), else None. Returns ``(o, final_state, saved)``, ``saved`` for the backward.
+    ``need_output=False`` (the backward's recomputation) skips the output kernel where nothing else needs it
+    (then ``o`` is None): with per-head decay it also forms ``A_qk``, so there it runs."""
     layout = _Layout(q, v, g, cu_seqlens, fp32_accurate)
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
@@ -177,13 +180,15 @@ def chunk_forward(
     )  # fmt: skip
     del U_v
 
-    o = new_output(v.shape, v.dtype, device)
-    block_v = _block(V, 64)
-    chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
-        q, k, v, beta, G, states, U, A_qk, A_qw, o, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK,
-        BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
-        DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("output"), num_stages=layout.stages,
-    )  # fmt: skip
+    o = None
+    if need_output or layout.decay == DECAY_HEAD.value:
+        o = new_output(v.shape, v.dtype, device)
+        block_v = _block(V, 64)
+        chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
+            q, k, v, beta, G, states, U, A_qk, A_qw, o, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK,
+            BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
+            DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("output"), num_stages=layout.stages,
+        )  # fmt: skip
     saved = dict(layout=layout, G=G, A_qk=A_qk, A_kk=A_kk, A_qw=A_qw, A_kw=A_kw, T=T, W_s=W_s, U=U, states=states)
     return o, final, saved
 
