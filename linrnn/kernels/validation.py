@@ -17,6 +17,11 @@ def fail(op: str, message: str) -> None:
     raise ValueError(f"{op}: {message}")
 
 
+def describe(x: object) -> str:
+    """What an argument is, for an error message: ``torch.int64 tensor of shape [2, 5]``, or its type's name."""
+    return f"{x.dtype} tensor of shape {list(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+
+
 def check_tensor(op: str, name: str, x: object, expected: list[int | str], names: str) -> None:
     """``expected`` holds ints (sizes that must match) and letters (free sizes); ``names`` is the
     symbolic shape, e.g. ``"[B, T, H, K]"``."""
@@ -41,12 +46,7 @@ def check_same(op: str, tensors: dict[str, Tensor | None], attr: str) -> None:
 def check_cu_seqlens(op: str, cu_seqlens: Tensor, batch: int, steps: int, device: torch.device) -> int:
     """Returns the number of sequences; ``cu_seqlens`` may be on the CPU or on ``device`` (q's)."""
     if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
-        got = (
-            f"{cu_seqlens.dtype} tensor of shape {list(cu_seqlens.shape)}"
-            if isinstance(cu_seqlens, Tensor)
-            else type(cu_seqlens).__name__
-        )
-        fail(op, f"argument 'cu_seqlens' must be a 1-D integer tensor [N + 1], got {got}")
+        fail(op, f"argument 'cu_seqlens' must be a 1-D integer tensor [N + 1], got {describe(cu_seqlens)}")
     if cu_seqlens.device not in (torch.device("cpu"), device):
         fail(op, f"argument 'cu_seqlens' must be on the CPU or on q's device {device}, got {cu_seqlens.device}")
     if batch != 1:

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from linrnn.errors import UsageError, one_line
+from linrnn.kernels.validation import describe
 from linrnn.models.config import ModelConfig, model_config
 from linrnn.recurrences.base import Documents, MixerState
 from linrnn.recurrences.registry import build_mixer
@@ -114,11 +115,9 @@ class LanguageModel(nn.Module):
         from linrnn.kernels.cross_entropy import linear_cross_entropy
 
         if not isinstance(targets, Tensor) or targets.shape != input_ids.shape or targets.is_floating_point():
-            got = f"{targets.dtype} tensor of shape {list(targets.shape)}" if isinstance(targets, Tensor) else \
-                type(targets).__name__  # fmt: skip
             raise ValueError(
                 f"LanguageModel.loss: argument 'targets' must be an integer tensor of input_ids' shape "
-                f"{list(input_ids.shape)}, got {got}"
+                f"{list(input_ids.shape)}, got {describe(targets)}"
             )
         hidden, _ = self.hidden_states(input_ids, None, False, positions)
         return linear_cross_entropy(hidden, self.lm_head.weight, targets, bias=self.logit_bias,
@@ -129,12 +128,9 @@ class LanguageModel(nn.Module):
                       positions: Tensor | None = None) -> tuple[Tensor, list[MixerState | None]]:  # fmt: skip
         """The final norm's output ``[B, T, hidden]`` (what ``lm_head`` reads) and the new state per layer."""
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-            got = (
-                f"{input_ids.dtype} tensor of shape {list(input_ids.shape)}"
-                if isinstance(input_ids, Tensor)
-                else type(input_ids).__name__
+            raise ValueError(
+                f"LanguageModel: argument 'input_ids' must be an integer tensor [B, T], got {describe(input_ids)}"
             )
-            raise ValueError(f"LanguageModel: argument 'input_ids' must be an integer tensor [B, T], got {got}")
         if state is not None and len(state) != len(self.layers):
             raise ValueError(
                 f"LanguageModel: argument 'state' must hold {len(self.layers)} layer states, got {len(state)}"
@@ -158,14 +154,9 @@ class LanguageModel(nn.Module):
     @staticmethod
     def _documents(input_ids: Tensor, positions: Tensor, state, return_state: bool) -> Documents:
         if not isinstance(positions, Tensor) or positions.shape != input_ids.shape or positions.is_floating_point():
-            got = (
-                f"{positions.dtype} tensor of shape {list(positions.shape)}"
-                if isinstance(positions, Tensor)
-                else type(positions).__name__
-            )
             raise ValueError(
                 f"LanguageModel: argument 'positions' must be an integer tensor of input_ids' shape "
-                f"{list(input_ids.shape)}, got {got}"
+                f"{list(input_ids.shape)}, got {describe(positions)}"
             )
         if state is not None or return_state:
             raise ValueError(
@@ -269,12 +260,9 @@ def generate(
 def _check_prompt(prompt_ids: Tensor, vocab_size: int) -> None:
     """An integer tensor [T] or [B, T] with at least one token per row, every id in [0, vocab_size)."""
     if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() not in (1, 2) or prompt_ids.is_floating_point():
-        got = (
-            f"{prompt_ids.dtype} tensor of shape {list(prompt_ids.shape)}"
-            if isinstance(prompt_ids, Tensor)
-            else type(prompt_ids).__name__
+        raise UsageError(
+            f"generate: argument 'prompt_ids' must be an integer tensor [T] or [B, T], got {describe(prompt_ids)}"
         )
-        raise UsageError(f"generate: argument 'prompt_ids' must be an integer tensor [T] or [B, T], got {got}")
     if prompt_ids.numel() == 0:
         raise UsageError(
             f"generate: argument 'prompt_ids' must hold at least one token, got shape {list(prompt_ids.shape)}"

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from linrnn import parametrizations
 from linrnn.errors import UsageError
@@ -50,8 +49,8 @@ def latest_checkpoint(dump_folder: str | Path) -> Path:
 
 @torch.no_grad()
 def validation_bpb(model: LanguageModel, tokenizer_folder: str | Path, texts: list[str], seq_len: int = 1024) -> float:
-    """Bits per byte of ``texts``: each document is ``<s> text </s>``, its targets are every token after ``<s>``,
-    documents are packed into rows of ``seq_len`` with their positions."""
+    """Bits per byte of ``texts``: each document is ``<s> text </s>``, its targets are every token after ``<s>``;
+    one document per row, a longer one continued in rows of ``seq_len`` (each from a zero state)."""
     from tokenizers import Tokenizer
 
     from linrnn.training.data import BOS, EOS
@@ -65,10 +64,8 @@ def validation_bpb(model: LanguageModel, tokenizer_folder: str | Path, texts: li
         tokens = [bos, *tokenizer.encode(text).ids, eos]
         for start in range(0, len(tokens) - 1, seq_len):  # a document longer than a row continues in the next
             piece = tokens[start : start + seq_len + 1]
-            inputs = torch.tensor([piece[:-1]], device=device)
-            positions = torch.arange(len(piece) - 1, device=device)[None]
-            logits = model(inputs, positions=positions).float()
-            nats += float(F.cross_entropy(logits[0], torch.tensor(piece[1:], device=device), reduction="sum"))
+            inputs, targets = torch.tensor([piece[:-1]], device=device), torch.tensor([piece[1:]], device=device)
+            nats += float(model.loss(inputs, targets, reduction="sum"))  # each row starts from a zero state
     return nats / math.log(2) / byte_count
 
 

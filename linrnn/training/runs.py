@@ -57,7 +57,7 @@ def read_manifest(folder: Path) -> dict | None:
         return None
     try:
         manifest = json.loads(path.read_text())
-        Identity(**{**manifest["identity"], "overrides": tuple(manifest["identity"]["overrides"])})
+        identity_of(manifest)  # the fields must be there
     except (ValueError, KeyError, TypeError) as error:
         raise UsageError(f"argument --out: {path} is not a linrnn run manifest ({error})") from error
     return manifest
