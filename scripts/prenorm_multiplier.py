@@ -71,8 +71,9 @@ def train(cell, width, multiplier, text, steps, lr, checkpoints, seed=0) -> dict
         loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
         if step in checkpoints:
             with torch.no_grad():
-                q, k, v, extra, _ = mixer.streams(seen["x"])
-                gates = mixer.gates(seen["x"], k, extra)
+                projected = mixer.project(seen["x"])
+                q, k, v, extra, _ = mixer.streams(projected)
+                gates = mixer.gates(projected, k, extra)
                 read, _ = mixer.op(q, k, v, **gates, backend="reference")
                 random_q = F.normalize(torch.randn_like(q), dim=-1)
                 random_read, _ = mixer.op(random_q, k, v, **gates, backend="reference")

@@ -5,7 +5,8 @@ streams) → heads → optional RoPE (q, k) → L2 norm (q, k, extras) → the c
 and recurrence op → per-head gated RMSNorm → o_proj.
 
 A cell subclasses ``LinearRNNMixer``, adds its gate parameters in ``__init__``,
-names its op (``op``) and implements ``gates``. Decoding carries a ``MixerState``:
+names its op (``op``) and the gate projections that read x (``gate_inputs``), and
+implements ``gates``. All projections of x run as one GEMM (``project``). Decoding carries a ``MixerState``:
 the short-conv histories and the recurrent state, so step-by-step decoding
 equals the full forward.
 """
@@ -20,6 +21,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
+
+from linrnn.kernels.short_conv import short_conv
 
 
 class MixerOptions(BaseModel):
@@ -110,7 +113,8 @@ class Documents:
 
 
 class ShortConv(nn.Module):
-    """Causal depthwise conv over time followed by SiLU; carries its last ``W − 1`` inputs for decoding."""
+    """Causal depthwise conv over time followed by SiLU (``linrnn.kernels.short_conv``); carries its last
+    ``W − 1`` inputs for decoding."""
 
     def __init__(self, channels: int, kernel_size: int):
         super().__init__()
@@ -118,22 +122,24 @@ class ShortConv(nn.Module):
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
-    def forward(self, x: Tensor, history: Tensor | None = None, documents: Documents | None = None):
+    def forward(self, x: Tensor, history: Tensor | None = None, documents: Documents | None = None,
+                backend: str = "auto"):  # fmt: skip
         """x ``[B, T, C]`` → (SiLU(conv) ``[B, T, C]``, last ``W − 1`` inputs ``[B, C, W − 1]``). With packed
-        ``documents`` (B = 1), taps reaching before a document's start contribute nothing."""
-        x = rearrange(x, "b t c -> b c t")
-        width = self.kernel_size
-        if history is None:
-            history = x.new_zeros(x.shape[0], x.shape[1], width - 1)
-        padded = torch.cat([history.to(x.dtype), x], dim=-1)  # [B, C, W − 1 + T]
-        y = F.conv1d(padded, self.weight, groups=x.shape[1])
-        if documents is not None:  # remove the taps reaching before a document's start (offset < lag)
-            steps = x.shape[-1]
-            for lag in range(1, width):
-                crossing = (documents.offset < lag).to(y.dtype)  # [T]: static shapes, no host work
-                reached = padded[..., width - 1 - lag : width - 1 - lag + steps]  # x[t − lag] for every t
-                y = y - crossing * (reached * self.weight[:, :, width - 1 - lag]).to(y.dtype)  # autocast: y is bf16
-        return rearrange(F.silu(y), "b c t -> b t c"), padded[..., padded.shape[-1] - (width - 1) :]
+        ``documents`` (B = 1), taps reaching before a document's start contribute nothing. ``backend`` is the
+        mixer's: Triton on CUDA for "auto" (not for fp64) and "triton", torch otherwise."""
+        use_triton = backend == "triton" or backend == "auto" and x.is_cuda and x.dtype != torch.float64
+        offset = None if documents is None else documents.offset
+        y = short_conv(x, self.weight, history, offset, backend="triton" if use_triton else "torch")
+        return y, self.last_inputs(x, history)
+
+    def last_inputs(self, x: Tensor, history: Tensor | None) -> Tensor:
+        """The last ``W − 1`` inputs ``[B, C, W − 1]`` of history followed by x ``[B, T, C]``."""
+        keep = self.kernel_size - 1
+        if x.shape[1] < keep:
+            if history is None:
+                history = x.new_zeros(x.shape[0], x.shape[2], keep)
+            return torch.cat([history.to(x.dtype), x.transpose(1, 2)], dim=-1)[..., x.shape[1] :]
+        return x[:, x.shape[1] - keep :].transpose(1, 2).contiguous()  # a copy: decode state must not pin x
 
 
 class GatedRMSNorm(nn.Module):
@@ -191,6 +197,7 @@ class LinearRNNMixer(nn.Module):
     cell: str  # registry name, set by each subclass
     op: staticmethod  # the cell's op in linrnn.ops, called as op(q, k, v, **gates(x, k, extra), **options)
     extra_key_streams: tuple[str, ...] = ()  # e.g. ("a",): projected, convolved and L2-normed like k
+    gate_inputs: tuple[str, ...] = ()  # the cell's projections of x (``<name>_proj``), in the layer's one GEMM
 
     def __init__(self, config: MixerConfig):
         super().__init__()
@@ -225,14 +232,16 @@ class LinearRNNMixer(nn.Module):
             raise ValueError(f"cell {self.cell!r}: parameters without a role: {missing}")
         return {name: roles[name] for name, _ in self.named_parameters()}
 
-    def write_strength(self, x: Tensor) -> Tensor:
-        """``beta = sigmoid(W_β x)`` ``[B, T, H]`` (at least fp32), doubled when negative eigenvalues are allowed."""
-        beta = at_least_fp32(self.b_proj(x)).sigmoid()
+    def write_strength(self, pre: Tensor) -> Tensor:
+        """``beta = sigmoid(W_β x)`` ``[B, T, H]`` (at least fp32) from ``pre = W_β x``, doubled when negative
+        eigenvalues are allowed."""
+        beta = at_least_fp32(pre).sigmoid()
         return 2 * beta if self.config.allow_neg_eigval else beta
 
-    def gates(self, x: Tensor, k: Tensor, extra: dict[str, Tensor]) -> dict[str, Tensor]:
+    def gates(self, projected: dict[str, Tensor], k: Tensor, extra: dict[str, Tensor]) -> dict[str, Tensor]:
         """The cell's recurrence inputs besides q, k, v, as its op names them: any of ``g`` (log-decay
-        ``[B, T, H]`` or ``[B, T, H, K]``), ``beta`` ``[B, T, H]``, ``a`` (erase direction) and ``log_gamma``."""
+        ``[B, T, H]`` or ``[B, T, H, K]``), ``beta`` ``[B, T, H]``, ``a`` (erase direction) and ``log_gamma``.
+        ``projected`` holds the layer input's projections (``project``), e.g. ``projected["b"]`` = ``b_proj(x)``."""
         raise NotImplementedError
 
     def erase_direction(self, k: Tensor, extra: dict[str, Tensor]) -> Tensor | None:
@@ -242,21 +251,51 @@ class LinearRNNMixer(nn.Module):
     def recurrence_inputs(self, x: Tensor, state: MixerState | None = None) -> dict[str, Tensor]:
         """What the recurrence sees for input ``x`` ``[B, T, hidden]``: the gates (``gates``) and ``erase``
         (the unit erase direction, or absent without erase). Used by ``linrnn.stability`` on real inputs."""
-        _, k, _, extra, _ = self.streams(x, state)
-        inputs = self.gates(x, k, extra)
+        projected = self.project(x)
+        _, k, _, extra, _ = self.streams(projected, state)
+        inputs = self.gates(projected, k, extra)
         erase = self.erase_direction(k, extra)
         return inputs if erase is None else {**inputs, "erase": erase}
 
-    def streams(self, x: Tensor, state: MixerState | None = None, documents: Documents | None = None):
-        """Projections, short conv, heads, RoPE and L2 norm: (q, k, v, extra, new conv history)."""
+    def input_projections(self) -> dict[str, nn.Module]:
+        """Every projection of the layer input x by name: the streams, the output gate ``g`` and the cell's
+        ``gate_inputs`` (``<name>_proj``; a low-rank ``nn.Sequential`` reads x with its first layer)."""
+        names = (*self.stream_names, "g", *self.gate_inputs)
+        return {name: getattr(self, f"{name}_proj") for name in names}
+
+    def project(self, x: Tensor) -> dict[str, Tensor]:
+        """{name: projection of x ``[B, T, width]``} for ``input_projections``, as one GEMM over the concatenated
+        weights (x is read once, and its gradient is one GEMM). While probed (coordinate checks, which hook each
+        projection module) every module runs on its own."""
+        projections = self.input_projections()
+        if self.probes is not None:
+            return {name: module(x) for name, module in projections.items()}
+        first = {name: module[0] if isinstance(module, nn.Sequential) else module
+                 for name, module in projections.items()}  # fmt: skip
+        weight = torch.cat([linear.weight for linear in first.values()])
+        bias = None
+        if any(linear.bias is not None for linear in first.values()):
+            bias = torch.cat([linear.weight.new_zeros(linear.out_features) if linear.bias is None else linear.bias
+                              for linear in first.values()])  # fmt: skip
+        outputs = F.linear(x, weight, bias).split([linear.out_features for linear in first.values()], dim=-1)
+        projected = dict(zip(first, outputs, strict=True))
+        for name, module in projections.items():
+            if isinstance(module, nn.Sequential):
+                projected[name] = module[1:](projected[name])
+        return projected
+
+    def streams(self, projected: dict[str, Tensor], state: MixerState | None = None,
+                documents: Documents | None = None):  # fmt: skip
+        """Short conv, heads, RoPE and L2 norm of the projected streams (``project``): (q, k, v, extra, new conv
+        history)."""
         config = self.config
         history = state.conv if state is not None else {}
         position = state.position if state is not None else 0
         new_history, streams = {}, {}
         for name in self.stream_names:
-            h = getattr(self, f"{name}_proj")(x)
+            h = projected[name]
             if config.use_short_conv:
-                h, new_history[name] = getattr(self, f"{name}_conv")(h, history.get(name), documents)
+                h, new_history[name] = getattr(self, f"{name}_conv")(h, history.get(name), documents, config.backend)
             else:
                 h = F.silu(h)
             streams[name] = rearrange(h, "b t (h d) -> b t h d", h=self.num_heads)
@@ -274,9 +313,10 @@ class LinearRNNMixer(nn.Module):
                 documents: Documents | None = None):  # fmt: skip
         """x ``[B, T, hidden]`` → (y ``[B, T, hidden]``, new MixerState or None). With ``documents`` (B = 1),
         the recurrence and the short convs restart at each document start."""
-        q, k, v, extra, new_history = self.streams(x, state, documents)
+        projected = self.project(x)
+        q, k, v, extra, new_history = self.streams(projected, state, documents)
         position = state.position if state is not None else 0
-        gates = self.gates(x, k, extra)
+        gates = self.gates(projected, k, extra)
         if self.gate_stats is not None:  # training metrics; tensors, so reading them is the only sync
             self.gate_stats.update({"beta": gates["beta"].detach().mean()} if "beta" in gates else {})
             self.gate_stats.update({"decay": gates["g"].detach().exp().mean()} if "g" in gates else {})
@@ -291,7 +331,7 @@ class LinearRNNMixer(nn.Module):
             backend=self.config.backend,
             chunk_size=self.config.chunk_size,
         )
-        gate = rearrange(self.g_proj(x), "b t (h d) -> b t h d", h=self.num_heads)
+        gate = rearrange(projected["g"], "b t (h d) -> b t h d", h=self.num_heads)
         if self.config.output_multiplier != 1:
             o = o * self.config.output_multiplier
         if self.probes is not None:  # coordinate check: what the recurrence saw and returned

@@ -11,13 +11,14 @@ from linrnn.recurrences.registry import CellSpec, register
 
 class DeltaNet(LinearRNNMixer):
     op = staticmethod(ops.delta_rule)
+    gate_inputs = ("b",)
 
     def __init__(self, config: MixerConfig):
         super().__init__(config)
         self.b_proj = nn.Linear(config.hidden_size, config.num_heads, bias=False)  # W_β
 
-    def gates(self, x, k, extra):
-        return {"beta": self.write_strength(x)}
+    def gates(self, projected, k, extra):
+        return {"beta": self.write_strength(projected["b"])}
 
 
 SPEC = register(

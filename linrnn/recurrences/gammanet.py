@@ -27,8 +27,8 @@ class GammaNet(KimiDeltaAttention):
         super().__init__(config)
         self.log_gamma = nn.Parameter(torch.zeros(config.num_heads, config.head_k_dim))
 
-    def gates(self, x, k, extra):
-        return {"a": extra["a"], **super().gates(x, k, extra), "log_gamma": self.log_gamma}
+    def gates(self, projected, k, extra):
+        return {"a": extra["a"], **super().gates(projected, k, extra), "log_gamma": self.log_gamma}
 
     def erase_direction(self, k, extra):
         return extra["a"]

@@ -14,6 +14,7 @@ from linrnn.recurrences.registry import CellSpec, register
 
 class GatedDeltaNet(LinearRNNMixer):
     op = staticmethod(ops.gated_delta_rule)
+    gate_inputs = ("f", "b")
 
     def __init__(self, config: MixerConfig):
         super().__init__(config)
@@ -22,9 +23,9 @@ class GatedDeltaNet(LinearRNNMixer):
         self.b_proj = nn.Linear(config.hidden_size, heads, bias=False)  # W_β
         self.A_log, self.dt_bias = mamba_decay_params(heads, heads)
 
-    def gates(self, x, k, extra):
-        g = mamba_log_decay(self.f_proj(x), self.A_log, self.dt_bias)  # [B, T, H]
-        return {"g": g, "beta": self.write_strength(x)}
+    def gates(self, projected, k, extra):
+        g = mamba_log_decay(projected["f"], self.A_log, self.dt_bias)  # [B, T, H]
+        return {"g": g, "beta": self.write_strength(projected["b"])}
 
 
 SPEC = register(

@@ -15,6 +15,7 @@ GATE_NORMALIZER = 16  # GLA's logsigmoid(·)/16 keeps the decay close to 1 at in
 
 class GatedLinearAttention(LinearRNNMixer):
     op = staticmethod(ops.gla)
+    gate_inputs = ("f",)
 
     def __init__(self, config: MixerConfig):
         super().__init__(config)
@@ -24,8 +25,8 @@ class GatedLinearAttention(LinearRNNMixer):
             nn.Linear(config.gate_low_rank, key_width, bias=True),
         )  # low-rank W_α with bias
 
-    def gates(self, x, k, extra):
-        pre = at_least_fp32(rearrange(self.f_proj(x), "b t (h k) -> b t h k", h=self.num_heads))
+    def gates(self, projected, k, extra):
+        pre = at_least_fp32(rearrange(projected["f"], "b t (h k) -> b t h k", h=self.num_heads))
         return {"g": F.logsigmoid(pre) / GATE_NORMALIZER}
 
     def erase_direction(self, k, extra):

@@ -16,6 +16,7 @@ from linrnn.recurrences.registry import CellSpec, register
 
 class KimiDeltaAttention(LinearRNNMixer):
     op = staticmethod(ops.kda)
+    gate_inputs = ("f", "b")
 
     def __init__(self, config: MixerConfig):
         super().__init__(config)
@@ -27,14 +28,14 @@ class KimiDeltaAttention(LinearRNNMixer):
         self.b_proj = nn.Linear(config.hidden_size, heads, bias=False)  # W_β
         self.A_log, self.dt_bias = mamba_decay_params(heads, key_width)
 
-    def channel_log_decay(self, x):
-        """Per-channel log-decay ``[B, T, H, K]`` (fp32)."""
-        pre = rearrange(self.f_proj(x), "b t (h k) -> b t h k", h=self.num_heads)
+    def channel_log_decay(self, pre):
+        """Per-channel log-decay ``[B, T, H, K]`` (fp32) from ``pre = f_proj(x)``."""
+        pre = rearrange(pre, "b t (h k) -> b t h k", h=self.num_heads)
         dt_bias = rearrange(self.dt_bias, "(h k) -> h k", h=self.num_heads)
         return mamba_log_decay(pre, self.A_log[:, None], dt_bias)
 
-    def gates(self, x, k, extra):
-        return {"g": self.channel_log_decay(x), "beta": self.write_strength(x)}
+    def gates(self, projected, k, extra):
+        return {"g": self.channel_log_decay(projected["f"]), "beta": self.write_strength(projected["b"])}
 
 
 CHANNEL_GATE_ROLES = {

@@ -105,3 +105,27 @@ def test_bf16_model_runs():
     reference = linrnn.build_model("gammanet", backend="reference").to(torch.bfloat16)
     reference.load_state_dict(model.state_dict())
     torch.testing.assert_close(logits.float(), reference(ids).float(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_one_projection_gemm_equals_the_modules(cell):
+    """``project``'s single GEMM over the concatenated weights gives each module's output and each weight's
+    gradient (fp64); a bias on a first layer is carried too."""
+    torch.manual_seed(2)
+    mixer = linrnn.build_model(cell, preset="byte-tiny", num_layers=1).double().layers[0].mixer
+    first = next(iter(mixer.input_projections().values()))
+    first.bias = torch.nn.Parameter(torch.randn(first.out_features, dtype=torch.float64))
+    x = torch.randn(2, 7, mixer.config.hidden_size, dtype=torch.float64)
+    fused = mixer.project(x)
+    separate = {name: module(x) for name, module in mixer.input_projections().items()}
+    assert fused.keys() == separate.keys() and len(fused) >= 5
+    weights = [p for p in mixer.parameters() if p.requires_grad]
+    cotangent = {name: torch.randn_like(y) for name, y in separate.items()}
+    grads = [torch.autograd.grad([(fused[n] * cotangent[n]).sum() for n in fused], weights, allow_unused=True),
+             torch.autograd.grad([(separate[n] * cotangent[n]).sum() for n in fused], weights, allow_unused=True)]
+    for name in fused:
+        torch.testing.assert_close(fused[name], separate[name], rtol=1e-12, atol=1e-12)
+    for fused_grad, separate_grad in zip(*grads, strict=True):
+        assert (fused_grad is None) == (separate_grad is None)
+        if fused_grad is not None:
+            torch.testing.assert_close(fused_grad, separate_grad, rtol=1e-12, atol=1e-12)

@@ -179,8 +179,9 @@ def test_model_inputs_are_what_the_op_sees():
     mixer = model.layers[0].mixer
     with torch.no_grad():
         x = model.layers[0].mixer_norm(model.embed(ids))
-        q, k, v, extra, _ = mixer.streams(x)
-        gates = mixer.gates(x, k, extra)
+        projected = mixer.project(x)
+        q, k, v, extra, _ = mixer.streams(projected)
+        gates = mixer.gates(projected, k, extra)
     torch.testing.assert_close(inputs["decay"][0], gates["g"][0, :, 0].double().exp())
     torch.testing.assert_close(inputs["erase"][1], F.normalize(k[0, :, 1].double(), dim=-1))
 

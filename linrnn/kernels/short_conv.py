@@ -1,0 +1,105 @@
+"""Causal depthwise short convolution + SiLU of the mixers' q, k, v (and extra key) streams.
+
+``short_conv(x, weight, history, offset)``: x ``[B, T, C]``, weight ``[C, 1, W]``, history ``[B, C, W − 1]`` (the
+last ``W − 1`` inputs before x, oldest first) or None for zeros, offset ``[T]`` (each token's index within its
+packed document, B = 1) or None. Returns SiLU(conv) ``[B, T, C]``. With ``offset``, taps reaching before a
+document's start read 0 (and the history is not read).
+
+Two paths with the same result: ``triton`` (CUDA; ``linrnn::short_conv`` custom op with a registered backward and
+fake implementation, so ``torch.compile`` keeps it whole) and ``torch`` (``conv1d``, everywhere else).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def short_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, offset: Tensor | None = None,
+               backend: str = "auto") -> Tensor:  # fmt: skip
+    """See the module docstring; ``backend`` is ``"auto"`` (Triton on CUDA), ``"triton"`` or ``"torch"``."""
+    if backend == "triton" or backend == "auto" and x.is_cuda:
+        if history is not None:
+            history = history.to(x.dtype)
+        return short_conv_op(x, weight, history, offset)
+    return short_conv_torch(x, weight, history, offset)
+
+
+def short_conv_torch(x: Tensor, weight: Tensor, history: Tensor | None, offset: Tensor | None) -> Tensor:
+    """``conv1d`` over the channels-first copy; crossing taps removed with one mask per lag."""
+    width = weight.shape[-1]
+    x = x.transpose(1, 2)  # [B, C, T]
+    if history is None:
+        history = x.new_zeros(x.shape[0], x.shape[1], width - 1)
+    padded = torch.cat([history.to(x.dtype), x], dim=-1)  # [B, C, W − 1 + T]
+    y = F.conv1d(padded, weight.to(x.dtype), groups=x.shape[1])
+    if offset is not None:  # remove the taps reaching before a document's start (offset < lag)
+        steps = x.shape[-1]
+        for lag in range(1, width):
+            crossing = (offset < lag).to(y.dtype)  # [T]: static shapes, no host work
+            reached = padded[..., width - 1 - lag : width - 1 - lag + steps]  # x[t − lag] for every t
+            y = y - crossing * (reached * weight[:, :, width - 1 - lag]).to(y.dtype)  # autocast: y is bf16
+    return F.silu(y).transpose(1, 2)
+
+
+@torch.library.custom_op("linrnn::short_conv", mutates_args=())
+def short_conv_op(x: Tensor, weight: Tensor, history: Tensor | None, offset: Tensor | None) -> Tensor:
+    from linrnn.kernels.triton.short_conv import short_conv_forward
+
+    return short_conv_forward(_columns_unit(x), _taps(weight), _contiguous(history), _contiguous(offset))
+
+
+@short_conv_op.register_fake
+def _(x, weight, history, offset):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("linrnn::short_conv_backward", mutates_args=())
+def short_conv_backward_op(dy: Tensor, x: Tensor, weight: Tensor, history: Tensor | None,
+                           offset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    from linrnn.kernels.triton.short_conv import short_conv_backward
+
+    dx, dw = short_conv_backward(dy.contiguous(), _columns_unit(x), _taps(weight), _contiguous(history),
+                                 _contiguous(offset))  # fmt: skip
+    d_history = x.new_empty((0,))
+    if history is not None:  # only the first W − 1 outputs read the history: differentiate them in torch
+        head = weight.shape[-1] - 1
+
+        def first_outputs(h):
+            return short_conv_torch(x[:, :head].float(), weight.float(), h.float(), None)
+
+        _, vjp = torch.func.vjp(first_outputs, history)
+        (d_history,) = vjp(dy[:, :head].float())
+        d_history = d_history.to(history.dtype)
+    return dx, dw.to(weight.dtype).view(weight.shape), d_history
+
+
+@short_conv_backward_op.register_fake
+def _(dy, x, weight, history, offset):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), x.new_empty((0,) if history is None else history.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, dy):
+    x, weight, history, offset = ctx.saved_tensors
+    dx, dw, d_history = short_conv_backward_op(dy, x, weight, history, offset)
+    return dx, dw, d_history if history is not None else None, None
+
+
+short_conv_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _taps(weight: Tensor) -> Tensor:
+    return weight.reshape(weight.shape[0], weight.shape[-1]).contiguous()
+
+
+def _columns_unit(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _contiguous(x: Tensor | None) -> Tensor | None:
+    return None if x is None else x.contiguous()

@@ -1,0 +1,142 @@
+"""Causal depthwise short convolution with SiLU, forward and backward, in Triton.
+
+For channel c and token t (``W`` taps, weight ``w [C, W]``)::
+
+    pre[t, c] = Σ_j w[c, j] · x[t − (W − 1 − j), c]      y = SiLU(pre)
+
+Tap j reaches back ``lag = W − 1 − j`` tokens. A tap that reaches before the token's sequence start reads the
+carried history ``[B, C, W − 1]`` (oldest first) if there is one, else 0; with packed documents (``offset [T]``,
+each token's index within its document, B = 1) a tap reaching before the document start reads 0.
+
+The tensors stay in the projections' ``[B, T, C]`` layout (x may be a column slice of a wider matrix: any row
+stride, unit column stride), so no transposed copies are made. The backward recomputes ``pre`` from x rather than
+saving it: ``dx[t] = Σ_lag w[W − 1 − lag] · dpre[t + lag]`` needs ``pre`` at the W following tokens, which each
+program rebuilds from cached loads of x; ``dw`` comes as per-program partial sums ``[programs, C, W]`` that
+the caller reduces. The history's gradient (decoding only) is left to the caller.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from linrnn.kernels.triton import new_output
+
+BLOCK_T, BLOCK_C = 32, 128
+
+
+@triton.jit
+def _conv_pre(x, history, offset, weight, b, t, c, T, C, stride_b, stride_t, W: tl.constexpr, BT: tl.constexpr,
+              BC: tl.constexpr, HAS_HISTORY: tl.constexpr, IS_VARLEN: tl.constexpr):  # fmt: skip
+    """``pre`` ``[BT, BC]`` (fp32) at rows ``t`` and channels ``c`` of sequence b; rows outside ``[0, T)`` give 0."""
+    t_in, c_in = (t >= 0) & (t < T), c < C
+    if IS_VARLEN:
+        position = tl.load(offset + t, mask=t_in, other=0)
+    else:
+        position = t
+    pre = tl.zeros([BT, BC], dtype=tl.float32)
+    for j in tl.static_range(W):
+        lag = W - 1 - j
+        source = t - lag
+        inside = t_in & (lag <= position)
+        tap = tl.load(weight + c * W + j, mask=c_in, other=0).to(tl.float32)
+        rows = b.to(tl.int64) * stride_b + source.to(tl.int64) * stride_t
+        value = tl.load(x + rows[:, None] + c[None, :], mask=inside[:, None] & c_in[None, :], other=0).to(tl.float32)
+        if HAS_HISTORY:  # taps before the sequence start read the history [B, C, W − 1]
+            before = t_in & (source < 0)
+            spot = (b * C + c[None, :]).to(tl.int64) * (W - 1) + (W - 1 + source)[:, None]
+            value += tl.load(history + spot, mask=before[:, None] & c_in[None, :], other=0).to(tl.float32)
+        pre += tap[None, :] * value
+    return pre
+
+
+@triton.jit
+def _short_conv_fwd_kernel(x, weight, history, offset, y, T, C, stride_b, stride_t,
+                           W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_HISTORY: tl.constexpr,
+                           IS_VARLEN: tl.constexpr):  # fmt: skip
+    block_t, block_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = block_t * BT + tl.arange(0, BT)
+    c = block_c * BC + tl.arange(0, BC)
+    pre = _conv_pre(x, history, offset, weight, b, t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY,
+                     IS_VARLEN)
+    out = pre * tl.sigmoid(pre)
+    spot = (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * C + c[None, :]
+    tl.store(y + spot, out.to(y.dtype.element_ty), mask=(t < T)[:, None] & (c < C)[None, :])
+
+
+@triton.jit
+def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C, stride_b, stride_t,
+                           W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_HISTORY: tl.constexpr,
+                           IS_VARLEN: tl.constexpr):  # fmt: skip
+    block_t, block_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = block_t * BT + tl.arange(0, BT)
+    c = block_c * BC + tl.arange(0, BC)
+    c_in = c < C
+    grad_x = tl.zeros([BT, BC], dtype=tl.float32)
+    for lag in tl.static_range(W):  # output token t + lag reads x[t] through tap W − 1 − lag
+        out_t = t + lag
+        out_in = out_t < T
+        pre = _conv_pre(x, history, offset, weight, b, out_t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY,
+                     IS_VARLEN)
+        grad_out = tl.load(dy + (b.to(tl.int64) * T + out_t.to(tl.int64))[:, None] * C + c[None, :],
+                           mask=out_in[:, None] & c_in[None, :], other=0).to(tl.float32)  # fmt: skip
+        gate = tl.sigmoid(pre)
+        grad_pre = grad_out * gate * (1 + pre * (1 - gate))  # SiLU'
+        if IS_VARLEN:
+            reaches = lag <= tl.load(offset + out_t, mask=out_in, other=0)
+        else:
+            reaches = out_in
+        tap = tl.load(weight + c * W + (W - 1 - lag), mask=c_in, other=0).to(tl.float32)
+        grad_x += tl.where(reaches[:, None], grad_pre, 0) * tap[None, :]
+        if lag == 0:  # this program's own output rows: their share of dw
+            partial = dw_partial + ((b * tl.num_programs(0) + block_t) * C + c).to(tl.int64) * W
+            if IS_VARLEN:
+                position = tl.load(offset + t, mask=out_in, other=0)
+            else:
+                position = t
+            for j in tl.static_range(W):
+                tap_lag = W - 1 - j
+                source = t - tap_lag
+                inside = out_in & (tap_lag <= position)
+                rows = b.to(tl.int64) * stride_b + source.to(tl.int64) * stride_t
+                value = tl.load(x + rows[:, None] + c[None, :], mask=inside[:, None] & c_in[None, :],
+                                other=0).to(tl.float32)  # fmt: skip
+                if HAS_HISTORY:
+                    before = out_in & (source < 0)
+                    spot = (b * C + c[None, :]).to(tl.int64) * (W - 1) + (W - 1 + source)[:, None]
+                    value += tl.load(history + spot, mask=before[:, None] & c_in[None, :], other=0).to(tl.float32)
+                tl.store(partial + j, tl.sum(grad_pre * value, axis=0), mask=c_in)
+    spot = (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * C + c[None, :]
+    tl.store(dx + spot, grad_x.to(dx.dtype.element_ty), mask=(t < T)[:, None] & c_in[None, :])
+
+
+def _launch_shape(x: Tensor) -> tuple[int, int, int]:
+    return triton.cdiv(x.shape[1], BLOCK_T), triton.cdiv(x.shape[2], BLOCK_C), x.shape[0]
+
+
+def short_conv_forward(x: Tensor, weight: Tensor, history: Tensor | None, offset: Tensor | None) -> Tensor:
+    """x ``[B, T, C]`` (unit column stride), weight ``[C, W]`` contiguous, history ``[B, C, W − 1]`` contiguous
+    or None, offset ``[T]`` (B = 1) or None → SiLU(conv) ``[B, T, C]`` contiguous, x's dtype."""
+    batch, steps, channels = x.shape
+    y = new_output((batch, steps, channels), x.dtype, x.device)
+    grid = _launch_shape(x)
+    _short_conv_fwd_kernel[grid](x, weight, history, offset, y, steps, channels, x.stride(0), x.stride(1),
+                                 W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C, HAS_HISTORY=history is not None,
+                                 IS_VARLEN=offset is not None)  # fmt: skip
+    return y
+
+
+def short_conv_backward(dy: Tensor, x: Tensor, weight: Tensor, history: Tensor | None,
+                        offset: Tensor | None) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``dy`` ``[B, T, C]`` contiguous → (dx ``[B, T, C]`` in x's dtype, dw ``[C, W]`` fp32). The history's
+    gradient is not formed here."""
+    batch, steps, channels = x.shape
+    grid = _launch_shape(x)
+    dx = new_output((batch, steps, channels), x.dtype, x.device)
+    dw_partial = new_output((batch * grid[0], channels, weight.shape[1]), torch.float32, x.device)
+    _short_conv_bwd_kernel[grid](x, weight, history, offset, dy, dx, dw_partial, steps, channels, x.stride(0),
+                                 x.stride(1), W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C,
+                                 HAS_HISTORY=history is not None, IS_VARLEN=offset is not None)  # fmt: skip
+    return dx, dw_partial.sum(0)

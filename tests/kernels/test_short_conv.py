@@ -1,0 +1,128 @@
+"""The short convolution + SiLU (Triton and torch paths) against an fp64 loop over taps: outputs and the gradients
+of x, the weight and the history; packed documents; strided inputs; the custom op's registration.
+
+The Triton kernels run compiled on CUDA and under ``TRITON_INTERPRET=1`` on a CPU-only machine.
+"""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: set it first
+
+from linrnn.kernels.short_conv import short_conv  # noqa: E402
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="needs triton"))]
+
+
+def conv_loop(x, weight, history, offset):
+    """fp64: y[t] = SiLU(Σ_j w[j] · x[t − (W − 1 − j)]), x before the start from the history (or 0), and 0 before
+    a packed document's start."""
+    batch, steps, channels = x.shape
+    width = weight.shape[-1]
+    w = weight.reshape(channels, width).double()
+    if history is None:
+        history = x.new_zeros(batch, channels, width - 1)
+    extended = torch.cat([history.double().transpose(1, 2), x.double()], dim=1)  # [B, W − 1 + T, C]
+    pre = torch.zeros(batch, steps, channels, dtype=torch.float64)
+    for t in range(steps):
+        for j in range(width):
+            lag = width - 1 - j
+            if offset is not None and lag > offset[t]:
+                continue
+            pre[:, t] += w[:, j] * extended[:, width - 1 + t - lag]
+    return F.silu(pre)
+
+
+def leaf(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=torch.float64).to(dtype).to(DEVICE).requires_grad_()
+
+
+def check_against_loop(backend, x, weight, history=None, offset=None, atol=2e-5):
+    dy = torch.randn(x.shape, dtype=torch.float64)
+    y = short_conv(x, weight, history, offset, backend=backend)
+    assert y.shape == x.shape and y.dtype == x.dtype and not y.isnan().any()
+    leaves = [t for t in (x, weight, history) if t is not None]
+    grads = torch.autograd.grad(y, leaves, dy.to(y.dtype).to(DEVICE))
+    cpu = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    cpu_history = cpu[2] if history is not None else None
+    expected = conv_loop(cpu[0], cpu[1], cpu_history, None if offset is None else offset.cpu())
+    expected_grads = torch.autograd.grad(expected, cpu, dy)
+    torch.testing.assert_close(y.cpu().double(), expected, rtol=0, atol=atol)
+    for name, got, want in zip(["dx", "dw", "d_history"], grads, expected_grads, strict=False):
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=atol * max(scale, 1), msg=name)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    if not HAS_TRITON:
+        return
+    from linrnn.kernels.triton import short_conv as kernels
+
+    def nan_filled(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(kernels, "new_output", nan_filled)
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_history", [False, True], ids=["zeros", "history"])
+@pytest.mark.parametrize("steps, channels, width", [(1, 5, 4), (37, 130, 4), (45, 33, 3), (9, 7, 2)])
+def test_matches_the_loop(backend, steps, channels, width, with_history):
+    torch.manual_seed(steps * channels + width)
+    x, weight = leaf(2, steps, channels), leaf(channels, 1, width)
+    history = leaf(2, channels, width - 1) if with_history else None
+    check_against_loop(backend, x, weight, history)
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_packed_documents_restart(backend):
+    torch.manual_seed(3)
+    lengths = [1, 5, 2, 36, 3]  # documents shorter and longer than the kernel's taps and its time block
+    offset = torch.cat([torch.arange(n) for n in lengths]).to(DEVICE)
+    x, weight = leaf(1, sum(lengths), 70), leaf(70, 1, 4)
+    check_against_loop(backend, x, weight, offset=offset)
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_column_slice_of_a_wider_matrix(backend):
+    """The mixers convolve slices of one projection GEMM's output: a row stride wider than the channels."""
+    torch.manual_seed(4)
+    wide, weight = leaf(2, 21, 50), leaf(20, 1, 4)
+    x = wide[..., 13:33]
+    assert not x.is_contiguous()
+    check_against_loop(backend, x, weight)
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_inputs_accumulate_in_fp32(backend):
+    torch.manual_seed(5)
+    x, weight = leaf(2, 40, 24, dtype=torch.bfloat16), leaf(24, 1, 4)
+    y = short_conv(x, weight, backend=backend)
+    expected = conv_loop(x.detach().cpu(), weight.detach().cpu(), None, None)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.cpu().double(), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+@pytest.mark.parametrize("with_history", [False, True], ids=["zeros", "history"])
+def test_custom_op_registration(with_history):
+    """Schema, autograd, fake implementation and AOT dispatch of ``linrnn::short_conv`` (``opcheck``)."""
+    from linrnn.kernels.short_conv import short_conv_op
+
+    torch.manual_seed(6)
+    x, weight = leaf(2, 11, 9), leaf(9, 1, 4)
+    history = leaf(2, 9, 3) if with_history else None
+    results = torch.library.opcheck(short_conv_op, (x, weight, history, None))
+    assert set(results.values()) == {"SUCCESS"}, results
