@@ -10,7 +10,8 @@
 # repository and carry it next time to skip most of FLA's cold-start autotuning (~8 min for four ops per shape).
 # Time: everything ends within CHUNK_BUDGET_S (default 540 s); the check gets at most CHUNK_CHECK_S (default 420 s
 # for "check", 240 s for "all"). On a cold machine run "check" and "bench" as two calls.
-# CHUNK_CHECK_ARGS adds arguments to the check (e.g. "--cells kda gammanet"); the benchmark reads CHUNK_BENCH_*.
+# CHUNK_CHECK_ARGS adds arguments to the check (e.g. "--cells kda gammanet"); CHUNK_CHECK_PER_CELL="gla kda" runs one
+# check process per listed cell in parallel (their logs: $OUT/check_<cell>.log); the benchmark reads CHUNK_BENCH_*.
 set -uo pipefail
 step="${1:-all}"
 [ $# -gt 0 ] && shift
@@ -32,9 +33,21 @@ if [ "$step" != bench ]; then
   limit=$((deadline - SECONDS - 60))
   limit=$((limit < check_s ? limit : check_s))
   # no new case in the last 90 s (a large case compiles and runs its fp64 reference in about that)
-  timeout -k 20 "$limit" python3 scripts/check_triton_chunk.py --max-seconds $((limit - 90)) ${CHUNK_CHECK_ARGS:-} 2>&1 \
-    | tee "$out/check.log"
-  status=${PIPESTATUS[0]}
+  if [ -n "${CHUNK_CHECK_PER_CELL:-}" ]; then  # one process per cell, in parallel (the large cases run one by one)
+    pids=()
+    for cell in $CHUNK_CHECK_PER_CELL; do
+      timeout -k 20 "$limit" python3 scripts/check_triton_chunk.py --max-seconds $((limit - 90)) --cells "$cell" \
+        ${CHUNK_CHECK_ARGS:-} > "$out/check_$cell.log" 2>&1 &
+      pids+=($!)
+    done
+    status=0
+    for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+    cat "$out"/check_*.log | tee "$out/check.log"
+  else
+    timeout -k 20 "$limit" python3 scripts/check_triton_chunk.py --max-seconds $((limit - 90)) ${CHUNK_CHECK_ARGS:-} 2>&1 \
+      | tee "$out/check.log"
+    status=${PIPESTATUS[0]}
+  fi
 fi
 if [ "$step" != check ]; then
   # tests that would start in the last 150 s skip (FLA autotunes one op for a minute or more when cold); the hard

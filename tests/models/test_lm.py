@@ -121,8 +121,10 @@ def test_one_projection_gemm_equals_the_modules(cell):
     assert fused.keys() == separate.keys() and len(fused) >= 5
     weights = [p for p in mixer.parameters() if p.requires_grad]
     cotangent = {name: torch.randn_like(y) for name, y in separate.items()}
-    grads = [torch.autograd.grad([(fused[n] * cotangent[n]).sum() for n in fused], weights, allow_unused=True),
-             torch.autograd.grad([(separate[n] * cotangent[n]).sum() for n in fused], weights, allow_unused=True)]
+    grads = [
+        torch.autograd.grad([(fused[n] * cotangent[n]).sum() for n in fused], weights, allow_unused=True),
+        torch.autograd.grad([(separate[n] * cotangent[n]).sum() for n in fused], weights, allow_unused=True),
+    ]
     for name in fused:
         torch.testing.assert_close(fused[name], separate[name], rtol=1e-12, atol=1e-12)
     for fused_grad, separate_grad in zip(*grads, strict=True):

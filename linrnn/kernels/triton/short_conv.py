@@ -59,8 +59,7 @@ def _short_conv_fwd_kernel(x, weight, history, offset, y, T, C, stride_b, stride
     block_t, block_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = block_t * BT + tl.arange(0, BT)
     c = block_c * BC + tl.arange(0, BC)
-    pre = _conv_pre(x, history, offset, weight, b, t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY,
-                     IS_VARLEN)
+    pre = _conv_pre(x, history, offset, weight, b, t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY, IS_VARLEN)
     out = pre * tl.sigmoid(pre)
     spot = (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * C + c[None, :]
     tl.store(y + spot, out.to(y.dtype.element_ty), mask=(t < T)[:, None] & (c < C)[None, :])
@@ -78,8 +77,9 @@ def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C,
     for lag in tl.static_range(W):  # output token t + lag reads x[t] through tap W − 1 − lag
         out_t = t + lag
         out_in = out_t < T
-        pre = _conv_pre(x, history, offset, weight, b, out_t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY,
-                     IS_VARLEN)
+        pre = _conv_pre(
+            x, history, offset, weight, b, out_t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY, IS_VARLEN
+        )
         grad_out = tl.load(dy + (b.to(tl.int64) * T + out_t.to(tl.int64))[:, None] * C + c[None, :],
                            mask=out_in[:, None] & c_in[None, :], other=0).to(tl.float32)  # fmt: skip
         gate = tl.sigmoid(pre)
