@@ -12,3 +12,9 @@ def to_device(x: Tensor, device: torch.device) -> Tensor:
     if device.type == "cuda" and x.device.type == "cpu":
         return x.pin_memory().to(device, non_blocking=True)
     return x.to(device)
+
+
+def use_triton(x: Tensor, backend: str) -> bool:
+    """Whether a fused op runs its Triton kernel for input ``x`` under a mixer's ``backend``: always for "triton",
+    for "auto" on CUDA except fp64 (the kernels compute in fp32), never for "torch" or "reference"."""
+    return backend == "triton" or backend == "auto" and x.is_cuda and x.dtype != torch.float64

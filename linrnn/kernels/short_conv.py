@@ -15,11 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from linrnn.kernels import use_triton
+
 
 def short_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, offset: Tensor | None = None,
                backend: str = "auto") -> Tensor:  # fmt: skip
-    """See the module docstring; ``backend`` is ``"auto"`` (Triton on CUDA), ``"triton"`` or ``"torch"``."""
-    if backend == "triton" or backend == "auto" and x.is_cuda:
+    """See the module docstring; ``backend`` as the mixers' (``linrnn.kernels.use_triton``)."""
+    if use_triton(x, backend):
         if history is not None:
             history = history.to(x.dtype)
         return short_conv_op(x, weight, history, offset)

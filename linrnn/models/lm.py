@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from linrnn.errors import UsageError, one_line
+from linrnn.kernels.gated_norm import swiglu
 from linrnn.kernels.validation import describe
 from linrnn.models.config import ModelConfig, model_config
 from linrnn.recurrences.base import Documents, MixerState
@@ -20,14 +20,17 @@ from linrnn.recurrences.registry import build_mixer
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    """``down(SiLU(gate(x)) · up(x))``; ``backend`` as the mixers' (``linrnn.kernels.gated_norm.swiglu``)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, backend: str = "auto"):
         super().__init__()
+        self.backend = backend
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.backend))
 
     def local_param_roles(self) -> dict[str, str]:
         return {f"{name}.weight": "hidden" for name in ("gate_proj", "up_proj", "down_proj")}
@@ -41,7 +44,7 @@ class Block(nn.Module):
         self.mixer_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mixer = build_mixer(config.cell, config.hidden_size, config.num_heads, **config.mixer)
         self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mixer.get("backend", "auto"))
 
     def forward(self, x: Tensor, state: MixerState | None, output_state: bool, documents: Documents | None = None):
         mixed, state = self.mixer(self.mixer_norm(x), state, output_state, documents)

@@ -22,6 +22,7 @@ from einops import rearrange
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
+from linrnn.kernels.gated_norm import gated_rms_norm
 from linrnn.kernels.short_conv import short_conv
 
 
@@ -126,10 +127,9 @@ class ShortConv(nn.Module):
                 backend: str = "auto"):  # fmt: skip
         """x ``[B, T, C]`` → (SiLU(conv) ``[B, T, C]``, last ``W − 1`` inputs ``[B, C, W − 1]``). With packed
         ``documents`` (B = 1), taps reaching before a document's start contribute nothing. ``backend`` is the
-        mixer's: Triton on CUDA for "auto" (not for fp64) and "triton", torch otherwise."""
-        use_triton = backend == "triton" or backend == "auto" and x.is_cuda and x.dtype != torch.float64
+        mixer's (``linrnn.kernels.use_triton``)."""
         offset = None if documents is None else documents.offset
-        y = short_conv(x, self.weight, history, offset, backend="triton" if use_triton else "torch")
+        y = short_conv(x, self.weight, history, offset, backend)
         return y, self.last_inputs(x, history)
 
     def last_inputs(self, x: Tensor, history: Tensor | None) -> Tensor:
@@ -143,17 +143,17 @@ class ShortConv(nn.Module):
 
 
 class GatedRMSNorm(nn.Module):
-    """Per-head RMSNorm of the recurrence output, times SiLU of the output gate (computed in fp32)."""
+    """Per-head RMSNorm of the recurrence output, times SiLU of the output gate (fp32 arithmetic;
+    ``linrnn.kernels.gated_norm``)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
-        wide = at_least_fp32(x)
-        normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.to(wide.dtype)
-        return (normed * F.silu(gate.to(wide.dtype))).to(x.dtype)
+    def forward(self, x: Tensor, gate: Tensor, backend: str = "auto") -> Tensor:
+        """x, gate ``[B, T, H, D]`` → ``[B, T, H, D]`` in x's dtype; ``backend`` is the mixer's."""
+        return gated_rms_norm(x, gate, self.weight, self.eps, backend)
 
 
 def at_least_fp32(x: Tensor) -> Tensor:
@@ -336,7 +336,7 @@ class LinearRNNMixer(nn.Module):
             o = o * self.config.output_multiplier
         if self.probes is not None:  # coordinate check: what the recurrence saw and returned
             self.probes.update(gates, q=q, o=o, state=recurrent)
-        y = self.o_proj(rearrange(self.o_norm(o, gate), "b t h d -> b t (h d)"))
+        y = self.o_proj(rearrange(self.o_norm(o, gate, self.config.backend), "b t h d -> b t (h d)"))
         if not output_state:
             return y, None
         return y, MixerState(conv=new_history, recurrent=recurrent, position=position + x.shape[1])

@@ -1,0 +1,122 @@
+"""The model's gated elementwise pieces as fused ops: the mixers' gated RMSNorm and the MLP's SwiGLU product.
+
+- ``gated_rms_norm(x, z, weight, eps)``: per head, ``RMSNorm(x) · weight · SiLU(z)`` over the last dim of
+  ``[B, T, H, D]`` (fp32 arithmetic, x's dtype out).
+- ``swiglu(a, b)``: ``SiLU(a) · b``.
+
+``backend`` as the mixers': with "triton", and with "auto" on CUDA (not fp64), both run Triton kernels
+(``triton/gated_norm.py``) as ``torch.library`` custom ops whose backward recomputes from the inputs, so autograd
+keeps only the inputs alive (the unfused eager form keeps several fp32 intermediates per layer); otherwise the same
+math in torch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from linrnn.kernels import use_triton
+
+
+def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, backend: str = "auto") -> Tensor:
+    """x, z ``[B, T, H, D]``, weight ``[D]`` → ``[B, T, H, D]`` in x's dtype (see the module docstring)."""
+    if use_triton(x, backend) and z.dtype == x.dtype:
+        return gated_rms_norm_op(x, z, weight, eps)
+    return gated_rms_norm_torch(x, z, weight, eps)
+
+
+def gated_rms_norm_torch(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps) * weight.to(wide.dtype)
+    return (normed * F.silu(z.to(wide.dtype))).to(x.dtype)
+
+
+def swiglu(a: Tensor, b: Tensor, backend: str = "auto") -> Tensor:
+    """``SiLU(a) · b`` for a, b of one shape and dtype."""
+    if use_triton(a, backend) and a.dtype == b.dtype and a.shape == b.shape:
+        return swiglu_op(a, b)
+    return F.silu(a) * b
+
+
+def _heads_dense(x: Tensor) -> Tensor:
+    """x ``[B, T, H, D]`` as the kernels read it: heads and channels dense, tokens at one stride."""
+    batch, steps, heads, dim = x.shape
+    dense = x.stride(3) == 1 and x.stride(2) == dim and (batch == 1 or x.stride(0) == steps * x.stride(1))
+    return x if dense else x.contiguous()
+
+
+@torch.library.custom_op("linrnn::gated_rms_norm", mutates_args=())
+def gated_rms_norm_op(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
+    from linrnn.kernels.triton.gated_norm import gated_rms_norm_forward
+
+    return gated_rms_norm_forward(_heads_dense(x), _heads_dense(z), weight.contiguous(), eps)
+
+
+@gated_rms_norm_op.register_fake
+def _(x, z, weight, eps):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("linrnn::gated_rms_norm_backward", mutates_args=())
+def gated_rms_norm_backward_op(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor,
+                               eps: float) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    from linrnn.kernels.triton.gated_norm import gated_rms_norm_backward
+
+    dx, dz, dw = gated_rms_norm_backward(dy.contiguous(), _heads_dense(x), _heads_dense(z), weight.contiguous(), eps)
+    return dx, dz, dw.to(weight.dtype)
+
+
+@gated_rms_norm_backward_op.register_fake
+def _(dy, x, z, weight, eps):
+    return x.new_empty(x.shape), z.new_empty(z.shape), weight.new_empty(weight.shape)
+
+
+def _norm_setup(ctx, inputs, output):
+    x, z, weight, eps = inputs
+    ctx.save_for_backward(x, z, weight)
+    ctx.eps = eps
+
+
+def _norm_backward(ctx, dy):
+    x, z, weight = ctx.saved_tensors
+    dx, dz, dw = gated_rms_norm_backward_op(dy, x, z, weight, ctx.eps)
+    return dx, dz, dw, None
+
+
+gated_rms_norm_op.register_autograd(_norm_backward, setup_context=_norm_setup)
+
+
+@torch.library.custom_op("linrnn::swiglu", mutates_args=())
+def swiglu_op(a: Tensor, b: Tensor) -> Tensor:
+    from linrnn.kernels.triton.gated_norm import swiglu_forward
+
+    return swiglu_forward(a.contiguous(), b.contiguous())
+
+
+@swiglu_op.register_fake
+def _(a, b):
+    return a.new_empty(a.shape)
+
+
+@torch.library.custom_op("linrnn::swiglu_backward", mutates_args=())
+def swiglu_backward_op(dy: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    from linrnn.kernels.triton.gated_norm import swiglu_backward
+
+    return swiglu_backward(dy.contiguous(), a.contiguous(), b.contiguous())
+
+
+@swiglu_backward_op.register_fake
+def _(dy, a, b):
+    return a.new_empty(a.shape), b.new_empty(b.shape)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_backward(ctx, dy):
+    return swiglu_backward_op(dy, *ctx.saved_tensors)
+
+
+swiglu_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)

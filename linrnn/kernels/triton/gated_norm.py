@@ -1,0 +1,141 @@
+"""Gated RMSNorm of the recurrence output and the SwiGLU product, forward and backward, in Triton.
+
+Gated RMSNorm, per row of D channels (one token and head), with weight ``w [D]``::
+
+    r = 1 / sqrt(mean(x²) + eps)    n = r · x    y = n · w · SiLU(z)
+
+and its backward, recomputing r and n from x (nothing but the inputs is kept between forward and backward)::
+
+    dz = dy · n · w · SiLU'(z)    dn = dy · w · SiLU(z)    dx = r · (dn − n · mean(dn · n))
+    dw = Σ_rows dy · n · SiLU(z)
+
+Rows are (token, head) pairs: row ``i`` of a tensor lives at ``(i // H) · token_stride + (i % H) · D``, so a
+column slice of a wider matrix (the gate, out of the mixer's one projection GEMM) is read in place. Arithmetic is
+fp32; ``dw`` comes as per-program partial sums that the caller reduces.
+
+SwiGLU is ``y = SiLU(a) · b`` elementwise, with ``da = dy · b · SiLU'(a)`` and ``db = dy · SiLU(a)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from linrnn.kernels.triton import new_output
+
+ROWS_PER_PROGRAM = 16
+SWIGLU_BLOCK = 1024
+
+
+@triton.jit
+def _row_offsets(row0, n_rows, H, token_stride, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    rows = row0 + tl.arange(0, BR)
+    cols = tl.arange(0, BD)
+    base = (rows // H).to(tl.int64) * token_stride + (rows % H).to(tl.int64) * D
+    return base[:, None] + cols[None, :], (rows < n_rows)[:, None] & (cols < D)[None, :]
+
+
+@triton.jit
+def _gated_norm_fwd_kernel(x, z, w, y, n_rows, H, x_stride, z_stride, eps,
+                           D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+    row0 = tl.program_id(0) * BR
+    x_at, mask = _row_offsets(row0, n_rows, H, x_stride, D, BR, BD)
+    z_at, _ = _row_offsets(row0, n_rows, H, z_stride, D, BR, BD)
+    y_at, _ = _row_offsets(row0, n_rows, H, H * D, D, BR, BD)
+    xv = tl.load(x + x_at, mask=mask, other=0).to(tl.float32)
+    zv = tl.load(z + z_at, mask=mask, other=0).to(tl.float32)
+    cols = tl.arange(0, BD)
+    wv = tl.load(w + cols, mask=cols < D, other=0).to(tl.float32)
+    rstd = 1 / tl.sqrt(tl.sum(xv * xv, axis=1) / D + eps)
+    out = xv * rstd[:, None] * wv[None, :] * (zv * tl.sigmoid(zv))
+    tl.store(y + y_at, out.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gated_norm_bwd_kernel(x, z, w, dy, dx, dz, dw_partial, n_rows, H, x_stride, z_stride, eps,
+                           D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+    row0 = tl.program_id(0) * BR
+    x_at, mask = _row_offsets(row0, n_rows, H, x_stride, D, BR, BD)
+    z_at, _ = _row_offsets(row0, n_rows, H, z_stride, D, BR, BD)
+    dense_at, _ = _row_offsets(row0, n_rows, H, H * D, D, BR, BD)  # dy, dx, dz: contiguous [rows, D]
+    xv = tl.load(x + x_at, mask=mask, other=0).to(tl.float32)
+    zv = tl.load(z + z_at, mask=mask, other=0).to(tl.float32)
+    grad = tl.load(dy + dense_at, mask=mask, other=0).to(tl.float32)
+    cols = tl.arange(0, BD)
+    wv = tl.load(w + cols, mask=cols < D, other=0).to(tl.float32)
+    rstd = 1 / tl.sqrt(tl.sum(xv * xv, axis=1) / D + eps)
+    normed = xv * rstd[:, None]
+    gate = tl.sigmoid(zv)
+    silu = zv * gate
+    grad_z = grad * normed * wv[None, :] * gate * (1 + zv * (1 - gate))
+    grad_n = grad * wv[None, :] * silu
+    grad_x = rstd[:, None] * (grad_n - normed * (tl.sum(grad_n * normed, axis=1) / D)[:, None])
+    tl.store(dx + dense_at, grad_x.to(dx.dtype.element_ty), mask=mask)
+    tl.store(dz + dense_at, grad_z.to(dz.dtype.element_ty), mask=mask)
+    tl.store(dw_partial + tl.program_id(0) * D + cols, tl.sum(grad * normed * silu, axis=0), mask=cols < D)
+
+
+def _rows(x: Tensor) -> tuple[int, int, int, int]:
+    """(rows, heads, D, token stride) of ``[B, T, H, D]`` whose heads and channels are dense."""
+    batch, steps, heads, dim = x.shape
+    if x.stride(3) != 1 or x.stride(2) != dim or batch > 1 and x.stride(0) != steps * x.stride(1):
+        raise ValueError(f"gated_rms_norm: expected [B, T, H, D] with dense tokens, got strides {x.stride()}")
+    return batch * steps * heads, heads, dim, x.stride(1)
+
+
+def gated_rms_norm_forward(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x, z ``[B, T, H, D]`` (heads and channels dense) → ``[B, T, H, D]`` contiguous in x's dtype."""
+    n_rows, heads, dim, x_stride = _rows(x)
+    y = new_output(x.shape, x.dtype, x.device)
+    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
+    _gated_norm_fwd_kernel[grid](x, z, weight, y, n_rows, heads, x_stride, _rows(z)[3], eps, D=dim,
+                                 BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(dim))  # fmt: skip
+    return y
+
+
+def gated_rms_norm_backward(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor, eps: float):
+    """→ (dx in x's dtype, dz in z's dtype, both contiguous ``[B, T, H, D]``; dw ``[D]`` fp32)."""
+    n_rows, heads, dim, x_stride = _rows(x)
+    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
+    dx = new_output(x.shape, x.dtype, x.device)
+    dz = new_output(z.shape, z.dtype, z.device)
+    dw_partial = new_output((grid[0], dim), torch.float32, x.device)
+    _gated_norm_bwd_kernel[grid](x, z, weight, dy, dx, dz, dw_partial, n_rows, heads, x_stride, _rows(z)[3], eps,
+                                 D=dim, BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(dim))  # fmt: skip
+    return dx, dz, dw_partial.sum(0)
+
+
+@triton.jit
+def _swiglu_fwd_kernel(a, b, y, n, BLOCK: tl.constexpr):
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = at < n
+    av = tl.load(a + at, mask=mask, other=0).to(tl.float32)
+    bv = tl.load(b + at, mask=mask, other=0).to(tl.float32)
+    tl.store(y + at, (av * tl.sigmoid(av) * bv).to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(a, b, dy, da, db, n, BLOCK: tl.constexpr):
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = at < n
+    av = tl.load(a + at, mask=mask, other=0).to(tl.float32)
+    bv = tl.load(b + at, mask=mask, other=0).to(tl.float32)
+    grad = tl.load(dy + at, mask=mask, other=0).to(tl.float32)
+    gate = tl.sigmoid(av)
+    tl.store(da + at, (grad * bv * gate * (1 + av * (1 - gate))).to(da.dtype.element_ty), mask=mask)
+    tl.store(db + at, (grad * av * gate).to(db.dtype.element_ty), mask=mask)
+
+
+def swiglu_forward(a: Tensor, b: Tensor) -> Tensor:
+    """a, b contiguous, same shape → SiLU(a) · b in a's dtype."""
+    y = new_output(a.shape, a.dtype, a.device)
+    _swiglu_fwd_kernel[(triton.cdiv(a.numel(), SWIGLU_BLOCK),)](a, b, y, a.numel(), BLOCK=SWIGLU_BLOCK)
+    return y
+
+
+def swiglu_backward(dy: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    da, db = new_output(a.shape, a.dtype, a.device), new_output(b.shape, b.dtype, b.device)
+    _swiglu_bwd_kernel[(triton.cdiv(a.numel(), SWIGLU_BLOCK),)](a, b, dy, da, db, a.numel(), BLOCK=SWIGLU_BLOCK)
+    return da, db

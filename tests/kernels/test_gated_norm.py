@@ -1,0 +1,109 @@
+"""The fused gated RMSNorm and SwiGLU (Triton and torch paths) against fp64 formulas written out here: outputs and
+every gradient, odd sizes, a gate read in place from a column slice, NaN-poisoned outputs, the custom ops'
+registration. The Triton kernels run compiled on CUDA and under ``TRITON_INTERPRET=1`` on a CPU-only machine."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: set it first
+
+from linrnn.kernels.gated_norm import gated_rms_norm, swiglu  # noqa: E402
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="needs triton"))]
+
+
+def gated_norm_formula(x, z, weight, eps):
+    rms = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    return x / rms * weight * z * torch.sigmoid(z)
+
+
+def leaf(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=torch.float64).to(dtype).to(DEVICE).requires_grad_()
+
+
+def check_against_formula(fn, formula, inputs, atol, dtype_out):
+    y = fn(*inputs)
+    assert y.dtype == dtype_out and not y.isnan().any()
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    dy = torch.randn(y.shape, dtype=torch.float64)
+    grads = torch.autograd.grad(y, tensors, dy.to(y.dtype).to(DEVICE))
+    exact = [t.detach().cpu().double().requires_grad_() for t in tensors]
+    expected = formula(*exact, *[a for a in inputs if not isinstance(a, torch.Tensor)])
+    expected_grads = torch.autograd.grad(expected, exact, dy)
+    torch.testing.assert_close(y.cpu().double(), expected, rtol=0, atol=atol)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=atol * max(want.abs().max().item(), 1))
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    if not HAS_TRITON:
+        return
+    from linrnn.kernels.triton import gated_norm as kernels
+
+    def nan_filled(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(kernels, "new_output", nan_filled)
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(2, 7, 3, 20), (1, 33, 2, 64), (3, 1, 1, 5)])
+def test_gated_norm_matches_formula(backend, shape):
+    torch.manual_seed(sum(shape))
+    x, z, weight = leaf(*shape), leaf(*shape), leaf(shape[-1])
+    check_against_formula(lambda *a: gated_rms_norm(*a, backend=backend), gated_norm_formula, (x, z, weight, 1e-6),
+                          atol=2e-5, dtype_out=torch.float32)  # fmt: skip
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gated_norm_reads_a_gate_slice_in_place(backend):
+    """The gate is a column slice of the mixer's one projection GEMM: [B, T, H·D] inside a wider row."""
+    torch.manual_seed(1)
+    x, weight = leaf(2, 9, 3, 16), leaf(16)
+    wide = leaf(2, 9, 70)
+    z = wide[..., 10:58].unflatten(-1, (3, 16))
+    assert not z.is_contiguous()
+    check_against_formula(lambda *a: gated_rms_norm(*a, backend=backend), gated_norm_formula, (x, z, weight, 1e-5),
+                          atol=2e-5, dtype_out=torch.float32)  # fmt: skip
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gated_norm_bf16(backend):
+    torch.manual_seed(2)
+    x, z, weight = leaf(2, 11, 2, 32, dtype=torch.bfloat16), leaf(2, 11, 2, 32, dtype=torch.bfloat16), leaf(32)
+    y = gated_rms_norm(x, z, weight, 1e-6, backend=backend)
+    expected = gated_norm_formula(x.detach().cpu().double(), z.detach().cpu().double(), weight.detach().cpu().double(),
+                                  1e-6)  # fmt: skip
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.cpu().double(), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(3, 5, 7), (2, 1100)])
+def test_swiglu_matches_formula(backend, shape):
+    torch.manual_seed(3)
+    a, b = leaf(*shape), leaf(*shape)
+    check_against_formula(lambda *t: swiglu(*t, backend=backend), lambda a, b: a * torch.sigmoid(a) * b, (a, b),
+                          atol=2e-6, dtype_out=torch.float32)  # fmt: skip
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_custom_op_registration():
+    from linrnn.kernels.gated_norm import gated_rms_norm_op, swiglu_op
+
+    torch.manual_seed(4)
+    results = torch.library.opcheck(gated_rms_norm_op, (leaf(2, 5, 2, 8), leaf(2, 5, 2, 8), leaf(8), 1e-6))
+    assert set(results.values()) == {"SUCCESS"}, results
+    results = torch.library.opcheck(swiglu_op, (leaf(4, 9), leaf(4, 9)))
+    assert set(results.values()) == {"SUCCESS"}, results
