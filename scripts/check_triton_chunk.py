@@ -198,9 +198,10 @@ def run_worker(cell, dtype, args, deadline):
     fails that group only. Returns ``(status, line)`` pairs."""
     command = [sys.executable, __file__, "--worker", f"{deadline}", "--backend", args.backend, "--device", args.device]
     command += ["--cells", cell, "--dtypes", DTYPE_NAMES[dtype]] + ["--quick"] * args.quick
+    command += ["--cases", *args.cases] if args.cases else []
     child = subprocess.run(command, capture_output=True, text=True)
     results = [tuple(line.split("\t", 1)) for line in child.stdout.splitlines() if "\t" in line]
-    missing = len(cases(args.quick)[0]) - len(results)
+    missing = len([case for case in cases(args.quick)[0] if not args.cases or case.name in args.cases]) - len(results)
     if child.returncode or missing:
         why = (child.stderr.strip().splitlines() or ["no error output"])[-1][:200]
         line = f"{cell:<15} {DTYPE_NAMES[dtype]:<5} worker exited with {child.returncode}, {missing} cases lost: {why}"
@@ -224,11 +225,14 @@ def main() -> int:
         "--only", choices=("small", "large"), help="run only the small or only the large cases (to split the check "
         "over two device calls)"
     )  # fmt: skip
+    parser.add_argument("--cases", nargs="+", help="run only the cases of these names (e.g. 'varlen' 'extreme gates')")
     parser.add_argument("--worker", type=float, help=argparse.SUPPRESS)  # run_worker's child: the deadline
     args = parser.parse_args()
     dtypes = [dtype for dtype, name in DTYPE_NAMES.items() if name in args.dtypes]
     small, large = cases(args.quick)
     small, large = ([] if args.only == "large" else small), ([] if args.only == "small" else large)
+    if args.cases:
+        small, large = ([case for case in group if case.name in args.cases] for group in (small, large))
     if args.worker is not None:
         if args.device == "cpu":
             torch.set_num_threads(1)
