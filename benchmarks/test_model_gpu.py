@@ -10,8 +10,8 @@ clipping at 1.0, fused AdamW — the same loop for every model, at ~340M paramet
 SwiGLU 2816, tied embeddings; linrnn and FLA with 21 layers of 6 heads (K = 128, V = 256), the Llama with 24
 layers of 16 heads (SDPA). linrnn's loss is ``LanguageModel.loss`` (no ``[B, T, vocab]`` logits); "compiled" is
 ``torch.compile(model.loss, fullgraph=True)``. FLA and the Llama compute their loss from the logits as their
-``labels=`` path does. Shapes B×T ∈ {4×4096, 1×16384} (``MODEL_BENCH_SHAPES``); models in ``MODEL_BENCH_MODELS``; tests that would start
-after ``MODEL_BENCH_DEADLINE`` (epoch seconds) skip.
+``labels=`` path does. Shapes B×T ∈ {4×4096, 1×16384} (``MODEL_BENCH_SHAPES``); models in ``MODEL_BENCH_MODELS``;
+tests that would start after ``MODEL_BENCH_DEADLINE`` (epoch seconds) skip.
 Reported per test (``extra_info``): tokens/s at the median step, peak allocated GiB over the timed steps,
 parameter count, the first and last loss. ``MODEL_BENCH_PROFILE_DIR=DIR`` also writes a profiler table of two more
 steps per test there. FLA 0.6.0 refuses its gated backward on Hopper with triton < 3.7.1

@@ -44,4 +44,4 @@ EOF
 export TRITON_INTERPRET=1
 exec "$py" -m pytest tests/kernels/test_triton_chunk.py tests/kernels/test_triton_fused_recurrent.py \
     tests/kernels/test_triton_tiles.py tests/kernels/test_validation.py tests/kernels/test_short_conv.py \
-    tests/kernels/test_gated_norm.py "$@"
+    tests/kernels/test_fused.py "$@"

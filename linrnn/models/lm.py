@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from linrnn.errors import UsageError, one_line
-from linrnn.kernels.gated_norm import swiglu
+from linrnn.kernels.fused import swiglu
 from linrnn.kernels.validation import describe
 from linrnn.models.config import ModelConfig, model_config
 from linrnn.recurrences.base import Documents, MixerState
@@ -20,7 +20,7 @@ from linrnn.recurrences.registry import build_mixer
 
 
 class SwiGLU(nn.Module):
-    """``down(SiLU(gate(x)) · up(x))``; ``backend`` as the mixers' (``linrnn.kernels.gated_norm.swiglu``)."""
+    """``down(SiLU(gate(x)) · up(x))``; ``backend`` as the mixers' (``linrnn.kernels.fused.swiglu``)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, backend: str = "auto"):
         super().__init__()

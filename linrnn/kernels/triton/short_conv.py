@@ -10,9 +10,9 @@ each token's index within its document, B = 1) a tap reaching before the documen
 
 The tensors stay in the projections' ``[B, T, C]`` layout (x may be a column slice of a wider matrix: any row
 stride, unit column stride), so no transposed copies are made. The backward recomputes ``pre`` from x rather than
-saving it: ``dx[t] = Σ_lag w[W − 1 − lag] · dpre[t + lag]`` needs ``pre`` at the W following tokens, which each
-program rebuilds from cached loads of x; ``dw`` comes as per-program partial sums ``[programs, C, W]`` that
-the caller reduces. The history's gradient (decoding only) is left to the caller.
+saving it, in two launches: ``dpre = dy · SiLU'(pre)`` (fp32, with ``dw`` as per-program partial sums
+``[programs, C, W]`` that the caller reduces), then ``dx[t] = Σ_lag w[W − 1 − lag] · dpre[t + lag]``.
+The history's gradient (decoding only) is left to the caller.
 """
 
 from __future__ import annotations
@@ -66,48 +66,56 @@ def _short_conv_fwd_kernel(x, weight, history, offset, y, T, C, stride_b, stride
 
 
 @triton.jit
-def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C, stride_b, stride_t,
-                           W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_HISTORY: tl.constexpr,
-                           IS_VARLEN: tl.constexpr):  # fmt: skip
+def _short_conv_bwd_pre_kernel(x, weight, history, offset, dy, d_pre, dw_partial, T, C, stride_b, stride_t,
+                               W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_HISTORY: tl.constexpr,
+                               IS_VARLEN: tl.constexpr):  # fmt: skip
+    """``d_pre = dy · SiLU'(pre)`` (fp32) at this program's rows, and their share of ``dw``."""
+    block_t, block_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t = block_t * BT + tl.arange(0, BT)
+    c = block_c * BC + tl.arange(0, BC)
+    t_in, c_in = t < T, c < C
+    pre = _conv_pre(x, history, offset, weight, b, t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY, IS_VARLEN)
+    dense = (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * C + c[None, :]
+    grad_out = tl.load(dy + dense, mask=t_in[:, None] & c_in[None, :], other=0).to(tl.float32)
+    gate = tl.sigmoid(pre)
+    grad_pre = grad_out * gate * (1 + pre * (1 - gate))
+    tl.store(d_pre + dense, grad_pre, mask=t_in[:, None] & c_in[None, :])
+    if IS_VARLEN:
+        position = tl.load(offset + t, mask=t_in, other=0)
+    else:
+        position = t
+    partial = dw_partial + ((b * tl.num_programs(0) + block_t) * C + c).to(tl.int64) * W
+    for j in tl.static_range(W):
+        lag = W - 1 - j
+        source = t - lag
+        inside = t_in & (lag <= position)
+        rows = b.to(tl.int64) * stride_b + source.to(tl.int64) * stride_t
+        value = tl.load(x + rows[:, None] + c[None, :], mask=inside[:, None] & c_in[None, :], other=0).to(tl.float32)
+        if HAS_HISTORY:
+            before = t_in & (source < 0)
+            spot = (b * C + c[None, :]).to(tl.int64) * (W - 1) + (W - 1 + source)[:, None]
+            value += tl.load(history + spot, mask=before[:, None] & c_in[None, :], other=0).to(tl.float32)
+        tl.store(partial + j, tl.sum(grad_pre * value, axis=0), mask=c_in)
+
+
+@triton.jit
+def _short_conv_bwd_x_kernel(weight, offset, d_pre, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                             IS_VARLEN: tl.constexpr):  # fmt: skip
+    """``dx[t] = Σ_lag w[W − 1 − lag] · d_pre[t + lag]`` over the taps of token t + lag that reach back to t."""
     block_t, block_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = block_t * BT + tl.arange(0, BT)
     c = block_c * BC + tl.arange(0, BC)
     c_in = c < C
     grad_x = tl.zeros([BT, BC], dtype=tl.float32)
-    for lag in tl.static_range(W):  # output token t + lag reads x[t] through tap W − 1 − lag
+    for lag in tl.static_range(W):
         out_t = t + lag
-        out_in = out_t < T
-        pre = _conv_pre(
-            x, history, offset, weight, b, out_t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY, IS_VARLEN
-        )
-        grad_out = tl.load(dy + (b.to(tl.int64) * T + out_t.to(tl.int64))[:, None] * C + c[None, :],
-                           mask=out_in[:, None] & c_in[None, :], other=0).to(tl.float32)  # fmt: skip
-        gate = tl.sigmoid(pre)
-        grad_pre = grad_out * gate * (1 + pre * (1 - gate))  # SiLU'
+        reaches = out_t < T
         if IS_VARLEN:
-            reaches = lag <= tl.load(offset + out_t, mask=out_in, other=0)
-        else:
-            reaches = out_in
+            reaches = reaches & (lag <= tl.load(offset + out_t, mask=reaches, other=0))
+        grad = tl.load(d_pre + (b.to(tl.int64) * T + out_t.to(tl.int64))[:, None] * C + c[None, :],
+                       mask=reaches[:, None] & c_in[None, :], other=0)  # fmt: skip
         tap = tl.load(weight + c * W + (W - 1 - lag), mask=c_in, other=0).to(tl.float32)
-        grad_x += tl.where(reaches[:, None], grad_pre, 0) * tap[None, :]
-        if lag == 0:  # this program's own output rows: their share of dw
-            partial = dw_partial + ((b * tl.num_programs(0) + block_t) * C + c).to(tl.int64) * W
-            if IS_VARLEN:
-                position = tl.load(offset + t, mask=out_in, other=0)
-            else:
-                position = t
-            for j in tl.static_range(W):
-                tap_lag = W - 1 - j
-                source = t - tap_lag
-                inside = out_in & (tap_lag <= position)
-                rows = b.to(tl.int64) * stride_b + source.to(tl.int64) * stride_t
-                value = tl.load(x + rows[:, None] + c[None, :], mask=inside[:, None] & c_in[None, :],
-                                other=0).to(tl.float32)  # fmt: skip
-                if HAS_HISTORY:
-                    before = out_in & (source < 0)
-                    spot = (b * C + c[None, :]).to(tl.int64) * (W - 1) + (W - 1 + source)[:, None]
-                    value += tl.load(history + spot, mask=before[:, None] & c_in[None, :], other=0).to(tl.float32)
-                tl.store(partial + j, tl.sum(grad_pre * value, axis=0), mask=c_in)
+        grad_x += grad * tap[None, :]
     spot = (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * C + c[None, :]
     tl.store(dx + spot, grad_x.to(dx.dtype.element_ty), mask=(t < T)[:, None] & c_in[None, :])
 
@@ -135,8 +143,10 @@ def short_conv_backward(dy: Tensor, x: Tensor, weight: Tensor, history: Tensor |
     batch, steps, channels = x.shape
     grid = _launch_shape(x)
     dx = new_output((batch, steps, channels), x.dtype, x.device)
+    d_pre = new_output((batch, steps, channels), torch.float32, x.device)
     dw_partial = new_output((batch * grid[0], channels, weight.shape[1]), torch.float32, x.device)
-    _short_conv_bwd_kernel[grid](x, weight, history, offset, dy, dx, dw_partial, steps, channels, x.stride(0),
-                                 x.stride(1), W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C,
-                                 HAS_HISTORY=history is not None, IS_VARLEN=offset is not None)  # fmt: skip
+    flags = dict(W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C, IS_VARLEN=offset is not None)
+    _short_conv_bwd_pre_kernel[grid](x, weight, history, offset, dy, d_pre, dw_partial, steps, channels, x.stride(0),
+                                     x.stride(1), HAS_HISTORY=history is not None, **flags)  # fmt: skip
+    _short_conv_bwd_x_kernel[grid](weight, offset, d_pre, dx, steps, channels, **flags)
     return dx, dw_partial.sum(0)

@@ -1,11 +1,12 @@
-"""The model's gated elementwise pieces as fused ops: the mixers' gated RMSNorm and the MLP's SwiGLU product.
+"""The model's fused pieces: the mixers' gated RMSNorm and key-stream L2 norm, and the MLP's SwiGLU product.
 
 - ``gated_rms_norm(x, z, weight, eps)``: per head, ``RMSNorm(x) · weight · SiLU(z)`` over the last dim of
   ``[B, T, H, D]`` (fp32 arithmetic, x's dtype out).
+- ``l2_normalize(x, eps, dtype)``: ``x / max(‖x‖, eps)`` over the last dim (``F.normalize``), in ``dtype``.
 - ``swiglu(a, b)``: ``SiLU(a) · b``.
 
-``backend`` as the mixers': with "triton", and with "auto" on CUDA (not fp64), both run Triton kernels
-(``triton/gated_norm.py``) as ``torch.library`` custom ops whose backward recomputes from the inputs, so autograd
+``backend`` as the mixers': with "triton", and with "auto" on CUDA (not fp64), all three run Triton kernels
+(``triton/fused.py``) as ``torch.library`` custom ops whose backward recomputes from the inputs, so autograd
 keeps only the inputs alive (the unfused eager form keeps several fp32 intermediates per layer); otherwise the same
 math in torch.
 """
@@ -32,6 +33,13 @@ def gated_rms_norm_torch(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Te
     return (normed * F.silu(z.to(wide.dtype))).to(x.dtype)
 
 
+def l2_normalize(x: Tensor, eps: float, dtype: torch.dtype, backend: str = "auto") -> Tensor:
+    """``F.normalize(x, dim=-1, eps=eps)`` computed in at least fp32, returned in ``dtype``."""
+    if use_triton(x, backend):
+        return l2_normalize_op(x, eps, dtype)
+    return F.normalize(x.to(torch.promote_types(x.dtype, torch.float32)), dim=-1, eps=eps).to(dtype)
+
+
 def swiglu(a: Tensor, b: Tensor, backend: str = "auto") -> Tensor:
     """``SiLU(a) · b`` for a, b of one shape and dtype."""
     if use_triton(a, backend) and a.dtype == b.dtype and a.shape == b.shape:
@@ -48,7 +56,7 @@ def _heads_dense(x: Tensor) -> Tensor:
 
 @torch.library.custom_op("linrnn::gated_rms_norm", mutates_args=())
 def gated_rms_norm_op(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
-    from linrnn.kernels.triton.gated_norm import gated_rms_norm_forward
+    from linrnn.kernels.triton.fused import gated_rms_norm_forward
 
     return gated_rms_norm_forward(_heads_dense(x), _heads_dense(z), weight.contiguous(), eps)
 
@@ -61,7 +69,7 @@ def _(x, z, weight, eps):
 @torch.library.custom_op("linrnn::gated_rms_norm_backward", mutates_args=())
 def gated_rms_norm_backward_op(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor,
                                eps: float) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    from linrnn.kernels.triton.gated_norm import gated_rms_norm_backward
+    from linrnn.kernels.triton.fused import gated_rms_norm_backward
 
     dx, dz, dw = gated_rms_norm_backward(dy.contiguous(), _heads_dense(x), _heads_dense(z), weight.contiguous(), eps)
     return dx, dz, dw.to(weight.dtype)
@@ -89,7 +97,7 @@ gated_rms_norm_op.register_autograd(_norm_backward, setup_context=_norm_setup)
 
 @torch.library.custom_op("linrnn::swiglu", mutates_args=())
 def swiglu_op(a: Tensor, b: Tensor) -> Tensor:
-    from linrnn.kernels.triton.gated_norm import swiglu_forward
+    from linrnn.kernels.triton.fused import swiglu_forward
 
     return swiglu_forward(a.contiguous(), b.contiguous())
 
@@ -101,7 +109,7 @@ def _(a, b):
 
 @torch.library.custom_op("linrnn::swiglu_backward", mutates_args=())
 def swiglu_backward_op(dy: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    from linrnn.kernels.triton.gated_norm import swiglu_backward
+    from linrnn.kernels.triton.fused import swiglu_backward
 
     return swiglu_backward(dy.contiguous(), a.contiguous(), b.contiguous())
 
@@ -120,3 +128,41 @@ def _swiglu_backward(ctx, dy):
 
 
 swiglu_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+
+
+@torch.library.custom_op("linrnn::l2_normalize", mutates_args=())
+def l2_normalize_op(x: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
+    from linrnn.kernels.triton.fused import l2_norm_forward
+
+    return l2_norm_forward(x.contiguous(), eps, dtype)
+
+
+@l2_normalize_op.register_fake
+def _(x, eps, dtype):
+    return x.new_empty(x.shape, dtype=dtype)
+
+
+@torch.library.custom_op("linrnn::l2_normalize_backward", mutates_args=())
+def l2_normalize_backward_op(dy: Tensor, x: Tensor, eps: float) -> Tensor:
+    from linrnn.kernels.triton.fused import l2_norm_backward
+
+    return l2_norm_backward(dy.contiguous(), x.contiguous(), eps)
+
+
+@l2_normalize_backward_op.register_fake
+def _(dy, x, eps):
+    return x.new_empty(x.shape)
+
+
+def _l2_setup(ctx, inputs, output):
+    x, eps, _ = inputs
+    ctx.save_for_backward(x)
+    ctx.eps = eps
+
+
+def _l2_backward(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return l2_normalize_backward_op(dy, x, ctx.eps), None, None
+
+
+l2_normalize_op.register_autograd(_l2_backward, setup_context=_l2_setup)

@@ -1,4 +1,5 @@
-"""Gated RMSNorm of the recurrence output and the SwiGLU product, forward and backward, in Triton.
+"""The model's fused pieces in Triton, forward and backward: the gated RMSNorm of the recurrence output, the L2 norm
+of the key streams and the SwiGLU product.
 
 Gated RMSNorm, per row of D channels (one token and head), with weight ``w [D]``::
 
@@ -12,6 +13,9 @@ and its backward, recomputing r and n from x (nothing but the inputs is kept bet
 Rows are (token, head) pairs: row ``i`` of a tensor lives at ``(i // H) · token_stride + (i % H) · D``, so a
 column slice of a wider matrix (the gate, out of the mixer's one projection GEMM) is read in place. Arithmetic is
 fp32; ``dw`` comes as per-program partial sums that the caller reduces.
+
+L2 norm per row: ``y = x / max(‖x‖, eps)``, ``dx = (dy − y · (y · dy)) / ‖x‖`` (``dy / eps`` where the norm is
+clamped), output in a chosen dtype.
 
 SwiGLU is ``y = SiLU(a) · b`` elementwise, with ``da = dy · b · SiLU'(a)`` and ``db = dy · SiLU(a)``.
 """
@@ -139,3 +143,44 @@ def swiglu_backward(dy: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     da, db = new_output(a.shape, a.dtype, a.device), new_output(b.shape, b.dtype, b.device)
     _swiglu_bwd_kernel[(triton.cdiv(a.numel(), SWIGLU_BLOCK),)](a, b, dy, da, db, a.numel(), BLOCK=SWIGLU_BLOCK)
     return da, db
+
+
+@triton.jit
+def _l2_norm_fwd_kernel(x, y, n_rows, eps, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    row0 = tl.program_id(0) * BR
+    at, mask = _row_offsets(row0, n_rows, 1, D, D, BR, BD)
+    xv = tl.load(x + at, mask=mask, other=0).to(tl.float32)
+    norm = tl.maximum(tl.sqrt(tl.sum(xv * xv, axis=1)), eps)
+    tl.store(y + at, (xv / norm[:, None]).to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _l2_norm_bwd_kernel(x, dy, dx, n_rows, eps, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    row0 = tl.program_id(0) * BR
+    at, mask = _row_offsets(row0, n_rows, 1, D, D, BR, BD)
+    xv = tl.load(x + at, mask=mask, other=0).to(tl.float32)
+    grad = tl.load(dy + at, mask=mask, other=0).to(tl.float32)
+    length = tl.sqrt(tl.sum(xv * xv, axis=1))
+    norm = tl.maximum(length, eps)
+    unit = xv / norm[:, None]
+    along = tl.where(length > eps, tl.sum(unit * grad, axis=1), 0)  # the clamped norm does not depend on x
+    tl.store(dx + at, ((grad - unit * along[:, None]) / norm[:, None]).to(dx.dtype.element_ty), mask=mask)
+
+
+def l2_norm_forward(x: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
+    """x contiguous ``[..., D]`` → ``x / max(‖x‖, eps)`` over the last dim, in ``dtype``."""
+    dim = x.shape[-1]
+    y = new_output(x.shape, dtype, x.device)
+    n_rows = x.numel() // dim
+    _l2_norm_fwd_kernel[(triton.cdiv(n_rows, ROWS_PER_PROGRAM),)](x, y, n_rows, eps, D=dim, BR=ROWS_PER_PROGRAM,
+                                                                  BD=triton.next_power_of_2(dim))  # fmt: skip
+    return y
+
+
+def l2_norm_backward(dy: Tensor, x: Tensor, eps: float) -> Tensor:
+    dim = x.shape[-1]
+    dx = new_output(x.shape, x.dtype, x.device)
+    n_rows = x.numel() // dim
+    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
+    _l2_norm_bwd_kernel[grid](x, dy, dx, n_rows, eps, D=dim, BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(dim))
+    return dx

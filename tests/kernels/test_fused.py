@@ -12,7 +12,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: set it first
 
-from linrnn.kernels.gated_norm import gated_rms_norm, swiglu  # noqa: E402
+from linrnn.kernels.fused import gated_rms_norm, l2_normalize, swiglu  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="needs triton"))]
@@ -45,7 +45,7 @@ def check_against_formula(fn, formula, inputs, atol, dtype_out):
 def poisoned_outputs(monkeypatch):
     if not HAS_TRITON:
         return
-    from linrnn.kernels.triton import gated_norm as kernels
+    from linrnn.kernels.triton import fused as kernels
 
     def nan_filled(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
@@ -98,9 +98,40 @@ def test_swiglu_matches_formula(backend, shape):
                           atol=2e-6, dtype_out=torch.float32)  # fmt: skip
 
 
+def l2_formula(x, eps):
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(eps)
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(2, 9, 3, 20), (1, 17, 2, 128)])
+def test_l2_normalize_matches_formula(backend, shape):
+    torch.manual_seed(5)
+    x = torch.randn(*shape, dtype=torch.float64)
+    x[0, 0, 0] = 1e-9  # a row below eps: the clamped norm, whose gradient is dy / eps
+    x = x.float().to(DEVICE).requires_grad_()
+    check_against_formula(lambda x, eps: l2_normalize(x, eps, torch.float32, backend), l2_formula, (x, 1e-6),
+                          atol=2e-6, dtype_out=torch.float32)  # fmt: skip
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_l2_normalize_returns_the_requested_dtype(backend):
+    torch.manual_seed(6)
+    x = leaf(2, 5, 2, 32, dtype=torch.bfloat16)
+    y = l2_normalize(x, 1e-6, torch.float32, backend)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y.cpu().double(), l2_formula(x.detach().cpu().double(), 1e-6), rtol=0, atol=1e-6)
+    z = l2_normalize(leaf(3, 4, 64), 1e-6, torch.bfloat16, backend)
+    assert z.dtype == torch.bfloat16
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 def test_custom_op_registration():
-    from linrnn.kernels.gated_norm import gated_rms_norm_op, swiglu_op
+    from linrnn.kernels.fused import gated_rms_norm_op, l2_normalize_op, swiglu_op
+
+    results = torch.library.opcheck(l2_normalize_op, (leaf(2, 5, 2, 8), 1e-6, torch.float32))
+    assert set(results.values()) == {"SUCCESS"}, results
 
     torch.manual_seed(4)
     results = torch.library.opcheck(gated_rms_norm_op, (leaf(2, 5, 2, 8), leaf(2, 5, 2, 8), leaf(8), 1e-6))
