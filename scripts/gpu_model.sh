@@ -3,7 +3,8 @@
 # Carry .whl (pydantic and its dependencies, einops, fla-core 0.6.0 and flash-linear-attention 0.6.0; transformers
 # is on the machine) and .triton_cache.tgz when there is one.
 # Usage: bash scripts/gpu_model.sh [more pytest arguments, e.g. -k 4x4096]
-# Env: MODEL_BENCH_MODELS, MODEL_BENCH_SHAPES, MODEL_BENCH_ROUNDS (the test module's docstring); writes $OUT/model.json,
+# Env: MODEL_BENCH_MODELS, MODEL_BENCH_SHAPES, MODEL_BENCH_ROUNDS (the test module's docstring); MODEL_BENCH_SECONDS
+# (default 540) bounds the run, and no test starts in its last MODEL_BENCH_MARGIN seconds (default 150); writes $OUT/model.json,
 # $OUT/model.log, $OUT/profile_*.txt (linrnn models) and $OUT/triton_cache.tgz.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -17,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 python3 -c "import fla, transformers; print('fla', fla.__version__, 'transformers', transformers.__version__)"
 seconds="${MODEL_BENCH_SECONDS:-540}"
-export MODEL_BENCH_DEADLINE=$(($(date +%s) + seconds - 150))  # no test starts in the last 150 s
+export MODEL_BENCH_DEADLINE=$(($(date +%s) + seconds - ${MODEL_BENCH_MARGIN:-150}))  # no test starts in the last 150 s
 timeout -k 20 "$seconds" python3 -m pytest -q -p no:cacheprovider benchmarks/test_model_gpu.py \
   --benchmark-only --benchmark-json="$out/model.json" --benchmark-columns=median,rounds "$@" > "$out/model.log" 2>&1 \
   || tail -40 "$out/model.log"
