@@ -262,9 +262,8 @@ def _longest(q: Tensor, cu_seqlens: Tensor | None) -> int:
     return int(cu_seqlens.diff().max())
 
 
-@functools.cache
-def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+# looked up once at import (without importing triton): torch.compile cannot trace importlib.util.find_spec
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
 def _triton_problem(tensors) -> str | None:
@@ -272,7 +271,7 @@ def _triton_problem(tensors) -> str | None:
     q, v = tensors[0], tensors[2]
     if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return f"needs CUDA tensors (or TRITON_INTERPRET=1 on CPU), got device {q.device}"
-    if not _triton_installed():
+    if not TRITON_INSTALLED:
         return "needs the triton package, which is not installed"
     if q.dtype == torch.float64:
         return "computes in fp32, got float64 inputs; use backend 'torch' or 'reference' for fp64"
