@@ -24,7 +24,9 @@ def main(path: str) -> None:
             prefill[(info["cell"], info["steps"])][info["impl"]] = bench["stats"]["median"]
         else:
             medians[(info["cell"], info["batch"])][info["impl"]] = bench["stats"]["median"]
-    print(f"device: {runs['machine_info'].get('cpu', {}).get('brand_raw', '?')} host; {runs.get('datetime', '')}")
+    gpus = {bench["extra_info"]["device"] for bench in runs["benchmarks"] if "device" in bench["extra_info"]}
+    gpu = f"{', '.join(sorted(gpus))} on an " if gpus else ""
+    print(f"device: {gpu}{runs['machine_info'].get('cpu', {}).get('brand_raw', '?')} host; {runs.get('datetime', '')}")
     if chunk:
         chunk_tables(chunk)
     if model:

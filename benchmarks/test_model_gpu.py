@@ -145,6 +145,7 @@ def test_training_step(benchmark, name, shape):
         kind="model", model=name, batch=batch, steps=steps, tokens_per_s=batch * steps / median,
         peak_gib=peak, params=sum(p.numel() for p in model.parameters()),
         first_loss=float(losses[0]), last_loss=float(losses[-1]), **info,
+        device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
     )  # fmt: skip
     assert torch.isfinite(torch.stack(losses)).all()
     profile_dir = os.environ.get("MODEL_BENCH_PROFILE_DIR")
