@@ -8,13 +8,16 @@ to its hidden rows, the weight and the bias, right away. So at most one chunk of
 keeps no activations for the backward besides those gradients, and the backward only scales them by the incoming
 gradient. Softmax, loss and the sums over chunks are fp32 (fp64 for fp64 weights). Per chunk with softmax ``p``
 and one-hot targets ``y``: ``dz = p − y`` (zero for ignored tokens), ``d hidden = multiplier · dz @ W``,
-``dW = multiplier · dzᵀ @ hidden``, ``d bias = Σ dz``.
+``dW = multiplier · dzᵀ @ hidden``, ``d bias = Σ dz``. On CUDA the per-chunk softmax, loss and ``dz`` are one
+Triton kernel over the chunk's logits in the inputs' dtype (``triton/cross_entropy.py``); elsewhere torch ops.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from linrnn.kernels import use_triton
 
 CHUNK_BYTES = 256 << 20  # fp32 logits of one chunk: sets the tokens per chunk for a vocabulary
 
@@ -38,6 +41,7 @@ def linear_cross_entropy_op(
     ignore_index: int,
     chunk_tokens: int,
     with_grad: bool,
+    fused_rows: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     tokens, wide = hidden.shape[0], _wide(weight.dtype)
     loss = torch.zeros((), dtype=wide, device=hidden.device)
@@ -47,6 +51,17 @@ def linear_cross_entropy_op(
     for start in range(0, tokens, chunk_tokens):
         rows = hidden[start : start + chunk_tokens]  # [c, D]
         target = targets[start : start + chunk_tokens]
+        if fused_rows:  # the softmax, loss and dz in one Triton kernel; dz overwrites the chunk's logits
+            from linrnn.kernels.triton.cross_entropy import cross_entropy_rows
+
+            logits = rows @ weight.T  # [c, V] in the inputs' dtype
+            loss += cross_entropy_rows(logits, target, bias, multiplier, ignore_index, with_grad).sum().to(wide)
+            if with_grad:
+                if grad_bias is not None:
+                    grad_bias += logits.sum(0, dtype=wide) / multiplier
+                grad_hidden[start : start + chunk_tokens] = (logits @ weight).to(hidden.dtype)
+                grad_weight += (logits.T @ rows).to(wide)
+            continue
         valid = target != ignore_index
         safe_target = torch.where(valid, target, 0)
         logits = (rows @ weight.T).to(wide) * multiplier  # [c, V]
@@ -72,7 +87,7 @@ def linear_cross_entropy_op(
 
 
 @linear_cross_entropy_op.register_fake
-def _(hidden, weight, targets, bias, multiplier, ignore_index, chunk_tokens, with_grad):
+def _(hidden, weight, targets, bias, multiplier, ignore_index, chunk_tokens, with_grad, fused_rows):
     loss = hidden.new_empty((), dtype=_wide(weight.dtype))
     if not with_grad:
         return loss, _absent(hidden), _absent(weight), _absent(weight)
@@ -92,7 +107,7 @@ def _backward(ctx, grad_loss, *_):
         raise RuntimeError("linear_cross_entropy: the forward ran without with_grad; no gradient was computed")
     scaled = [grad * grad_loss.to(grad.dtype) for grad in (grad_hidden, grad_weight)]
     bias_grad = grad_bias * grad_loss.to(grad_bias.dtype) if ctx.has_bias else None
-    return scaled[0], scaled[1], None, bias_grad, None, None, None, None
+    return scaled[0], scaled[1], None, bias_grad, None, None, None, None, None
 
 
 linear_cross_entropy_op.register_autograd(_backward, setup_context=_setup_context)
@@ -100,11 +115,12 @@ linear_cross_entropy_op.register_autograd(_backward, setup_context=_setup_contex
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Tensor | None = None,
                          multiplier: float = 1.0, ignore_index: int = -100, reduction: str = "mean",
-                         chunk_tokens: int | None = None) -> Tensor:  # fmt: skip
+                         chunk_tokens: int | None = None, backend: str = "auto") -> Tensor:  # fmt: skip
     """Cross-entropy of ``multiplier · hidden @ weightᵀ + bias`` against ``targets`` (module docstring), the mean
     (``reduction="mean"``) or the sum (``"sum"``) over the targets that are not ``ignore_index``.
     hidden ``[..., D]``, targets ``[...]`` (int64), weight ``[V, D]``, bias ``[V]``. Under autocast the product
-    runs in autocast's dtype, as ``nn.Linear`` would; the softmax and the loss are fp32."""
+    runs in autocast's dtype, as ``nn.Linear`` would; the softmax and the loss are fp32. ``backend`` as the
+    mixers' (``linrnn.kernels.use_triton``): the Triton rows kernel (``triton/cross_entropy.py``) or torch."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"linear_cross_entropy: argument 'reduction' must be 'mean' or 'sum', got {reduction!r}")
     if hidden.shape[:-1] != targets.shape:
@@ -119,6 +135,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, *, bia
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1).long()
     chunk_tokens = chunk_tokens or max(1, CHUNK_BYTES // (4 * weight.shape[0]))
     with_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (hidden, weight, bias))
+    fused_rows = use_triton(hidden, backend) and multiplier != 0
     loss, *_ = linear_cross_entropy_op(hidden, weight, targets, bias, float(multiplier), ignore_index, chunk_tokens,
-                                       with_grad)  # fmt: skip
+                                       with_grad, fused_rows)  # fmt: skip
     return loss if reduction == "sum" else loss / (targets != ignore_index).sum().clamp_min(1)

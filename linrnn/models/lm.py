@@ -125,7 +125,7 @@ class LanguageModel(nn.Module):
         hidden, _ = self.hidden_states(input_ids, None, False, positions)
         return linear_cross_entropy(hidden, self.lm_head.weight, targets, bias=self.logit_bias,
                                     multiplier=self.config.logit_multiplier, ignore_index=ignore_index,
-                                    reduction=reduction)  # fmt: skip
+                                    reduction=reduction, backend=self.config.mixer.get("backend", "auto"))  # fmt: skip
 
     def hidden_states(self, input_ids: Tensor, state: list[MixerState] | None = None, return_state: bool = False,
                       positions: Tensor | None = None) -> tuple[Tensor, list[MixerState | None]]:  # fmt: skip

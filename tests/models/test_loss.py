@@ -65,9 +65,33 @@ def test_custom_op_registration():
     bias = torch.randn(13, dtype=torch.float64, generator=gen, requires_grad=True)
     targets = torch.randint(0, 13, (11,), generator=gen)
     for bias_arg, multiplier, chunk in [(bias, 0.5, 4), (None, 1.0, 5)]:
-        args = (hidden, weight, targets, bias_arg, multiplier, -100, chunk, True)
+        args = (hidden, weight, targets, bias_arg, multiplier, -100, chunk, True, False)
         results = torch.library.opcheck(linear_cross_entropy_op, args)
         assert set(results.values()) == {"SUCCESS"}, results
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("vocab, chunk_tokens", [(37, 7), (5000, None)])  # 5000: more than one block of columns
+def test_triton_rows_kernel_matches_cross_entropy(vocab, chunk_tokens, with_bias):
+    """The fused Triton softmax/loss/dz kernel (interpreter on a CPU) against ``cross_entropy`` in fp64, fp32 inputs:
+    loss and the gradients of hidden, weight and bias, with ignored targets and a multiplier."""
+    pytest.importorskip("triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(vocab)
+    hidden = torch.randn(2, 9, 16, generator=gen)
+    weight, bias = torch.randn(vocab, 16, generator=gen), torch.randn(vocab, generator=gen)
+    targets = torch.randint(0, vocab, (2, 9), generator=gen)
+    targets[1, 2:5] = -100
+    leaves = [t.to(device).requires_grad_() for t in (hidden, weight, *([bias] if with_bias else []))]
+    loss = linear_cross_entropy(leaves[0], leaves[1], targets.to(device), bias=leaves[2] if with_bias else None,
+                                multiplier=0.3, chunk_tokens=chunk_tokens, backend="triton")  # fmt: skip
+    grads = grads_of(loss, leaves)
+    exact = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    logits = 0.3 * exact[0] @ exact[1].T + (exact[2] if with_bias else 0)
+    expected = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    torch.testing.assert_close(loss.cpu().double(), expected, rtol=1e-5, atol=0)
+    for got, want in zip(grads, grads_of(expected, exact), strict=True):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=1e-5 * max(1.0, want.abs().max().item()))
 
 
 def model_gradients(model):
