@@ -3,6 +3,8 @@
 # sequence length 4096, on the embedded corpus. One device call per mode:
 #   bash scripts/gpu_train.sh single   # nvidia-h100-x1: 200 steps with linrnn's Triton kernels (loss, tokens/s,
 #                                      # MFU), then 40 steps with FLA's chunk_gated_delta_rule swapped in (speed only)
+#   bash scripts/gpu_train.sh compile  # nvidia-h100-x1: the same 200 steps as "single" with --compile.enable (each
+#                                      # block through torch.compile with linrnn's custom ops); compare with "single"
 #   bash scripts/gpu_train.sh fsdp     # nvidia-h200-x2: the packed-document GPU test, then the same global batch
 #                                      # (4 × 4096) on 1 GPU, on 1 GPU as 2 micro-batches, and on 2 GPUs with FSDP
 # Carry .whl (fla-core, pydantic), .whl-train (torchtitan and its pure-Python dependencies, tokenizers), .data
@@ -38,6 +40,9 @@ if [ "$mode" = single ]; then
   run linrnn 330 1 "-m linrnn.train" --training.steps 200 --validator.freq 100
   run fla 200 1 scripts/train_fla.py --training.steps 40 --validator.no-enable
   python3 scripts/train_report.py linrnn="$out/linrnn" fla="$out/fla" | tee "$out/report.md"
+elif [ "$mode" = compile ]; then
+  run compiled 540 1 "-m linrnn.train" --training.steps 200 --validator.freq 100 --compile.enable
+  python3 scripts/train_report.py compiled="$out/compiled" | tee "$out/report.md"
 else
   timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider tests/models/test_packed_documents.py -m gpu 2>&1 | tail -5
   fsdp=(--training.steps 60 --training.global_batch_size 4 --validator.no-enable)
