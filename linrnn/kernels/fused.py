@@ -1,11 +1,15 @@
-"""The model's fused pieces: the mixers' gated RMSNorm and key-stream L2 norm, and the MLP's SwiGLU product.
+"""The model's fused pieces: the blocks' residual add + RMSNorm, the mixers' gated RMSNorm and key-stream L2 norm,
+and the MLP's SwiGLU product.
+
+- ``rms_norm(x, weight, eps, delta=None)``: ``RMSNorm(x + delta) · weight`` over the last dim; with ``delta`` it
+  also returns the sum (the residual stream goes on from it).
 
 - ``gated_rms_norm(x, z, weight, eps)``: per head, ``RMSNorm(x) · weight · SiLU(z)`` over the last dim of
   ``[B, T, H, D]`` (fp32 arithmetic, x's dtype out).
 - ``l2_normalize(x, eps, dtype)``: ``x / max(‖x‖, eps)`` over the last dim (``F.normalize``), in ``dtype``.
 - ``swiglu(a, b)``: ``SiLU(a) · b``.
 
-``backend`` as the mixers': with "triton", and with "auto" on CUDA (not fp64), all three run Triton kernels
+``backend`` as the mixers': with "triton", and with "auto" on CUDA (not fp64), all run Triton kernels
 (``triton/fused.py``) as ``torch.library`` custom ops whose backward recomputes from the inputs, so autograd
 keeps only the inputs alive (the unfused eager form keeps several fp32 intermediates per layer); otherwise the same
 math in torch.
@@ -18,6 +22,21 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linrnn.kernels import use_triton
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None,
+             backend: str = "auto") -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
+    """x ``[..., D]`` (the residual stream), delta (a block's output, added first) → the normalised rows in the
+    dtype the next GEMM reads (autocast's when it is on, else x's) — and ``x + delta`` in x's dtype when ``delta``
+    is given. The torch path is ``F.rms_norm`` (its output dtype is autocast's choice)."""
+    if use_triton(x, backend):
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        if delta is None:
+            return rms_norm_op(x, weight, eps, dtype)
+        return add_rms_norm_op(x, delta, weight, eps, dtype)
+    total = x if delta is None else x + delta
+    normed = F.rms_norm(total, (x.shape[-1],), weight, eps)
+    return normed if delta is None else (normed, total)
 
 
 def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, backend: str = "auto") -> Tensor:
@@ -166,3 +185,74 @@ def _l2_backward(ctx, dy):
 
 
 l2_normalize_op.register_autograd(_l2_backward, setup_context=_l2_setup)
+
+
+@torch.library.custom_op("linrnn::rms_norm", mutates_args=())
+def rms_norm_op(x: Tensor, weight: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
+    from linrnn.kernels.triton.fused import rms_norm_forward
+
+    return rms_norm_forward(x.contiguous(), None, weight.contiguous(), eps, dtype)[0]
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps, dtype):
+    return x.new_empty(x.shape, dtype=dtype)
+
+
+@torch.library.custom_op("linrnn::add_rms_norm", mutates_args=())
+def add_rms_norm_op(x: Tensor, delta: Tensor, weight: Tensor, eps: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    from linrnn.kernels.triton.fused import rms_norm_forward
+
+    return rms_norm_forward(x.contiguous(), delta.contiguous(), weight.contiguous(), eps, dtype)
+
+
+@add_rms_norm_op.register_fake
+def _(x, delta, weight, eps, dtype):
+    return x.new_empty(x.shape, dtype=dtype), x.new_empty(x.shape)
+
+
+@torch.library.custom_op("linrnn::rms_norm_backward", mutates_args=())
+def rms_norm_backward_op(dy: Tensor, ds: Tensor | None, s: Tensor, weight: Tensor, eps: float,
+                         delta_dtype: torch.dtype | None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The gradients of x, delta (empty without delta) and weight, from those of y and (with delta) of s."""
+    from linrnn.kernels.triton.fused import rms_norm_backward
+
+    ds = None if ds is None else ds.contiguous()
+    dx, d_delta, dw = rms_norm_backward(dy.contiguous(), ds, s, weight.contiguous(), eps, delta_dtype)
+    return dx, s.new_empty((0,)) if d_delta is None else d_delta, dw.to(weight.dtype)
+
+
+@rms_norm_backward_op.register_fake
+def _(dy, ds, s, weight, eps, delta_dtype):
+    d_delta = s.new_empty((0,)) if delta_dtype is None else s.new_empty(s.shape, dtype=delta_dtype)
+    return s.new_empty(s.shape), d_delta, weight.new_empty(weight.shape)
+
+
+def _rms_setup(ctx, inputs, output):
+    x, weight, eps, _ = inputs
+    ctx.save_for_backward(x.contiguous(), weight)
+    ctx.eps = eps
+
+
+def _rms_backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    dx, _, dw = rms_norm_backward_op(dy, None, x, weight, ctx.eps, None)
+    return dx, dw, None, None
+
+
+rms_norm_op.register_autograd(_rms_backward, setup_context=_rms_setup)
+
+
+def _add_rms_setup(ctx, inputs, output):
+    _, delta, weight, eps, _ = inputs
+    ctx.save_for_backward(output[1], weight)  # s = x + delta: the only activation kept
+    ctx.eps, ctx.delta_dtype = eps, delta.dtype
+
+
+def _add_rms_backward(ctx, dy, ds):
+    s, weight = ctx.saved_tensors
+    dx, d_delta, dw = rms_norm_backward_op(dy, ds, s, weight, ctx.eps, ctx.delta_dtype)
+    return dx, d_delta, dw, None, None
+
+
+add_rms_norm_op.register_autograd(_add_rms_backward, setup_context=_add_rms_setup)

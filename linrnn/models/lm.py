@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from linrnn.errors import UsageError, one_line
-from linrnn.kernels.fused import swiglu
+from linrnn.kernels.fused import rms_norm, swiglu
 from linrnn.kernels.validation import describe
 from linrnn.models.config import ModelConfig, model_config
 from linrnn.recurrences.base import Documents, MixerState
@@ -36,20 +36,34 @@ class SwiGLU(nn.Module):
         return {f"{name}.weight": "hidden" for name in ("gate_proj", "up_proj", "down_proj")}
 
 
+class RMSNorm(nn.Module):
+    """RMSNorm with a weight (``nn.RMSNorm``'s parameter); ``norm(x, delta)`` adds the residual ``delta`` first and
+    returns (normalised, x + delta) — one fused kernel on CUDA (``linrnn.kernels.fused.rms_norm``)."""
+
+    def __init__(self, hidden_size: int, eps: float, backend: str = "auto"):
+        super().__init__()
+        self.eps, self.backend = eps, backend
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: Tensor, delta: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        return rms_norm(x, self.weight, self.eps, delta, self.backend)
+
+
 class Block(nn.Module):
     """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.mixer_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        backend = config.mixer.get("backend", "auto")
+        self.mixer_norm = RMSNorm(config.hidden_size, config.norm_eps, backend)
         self.mixer = build_mixer(config.cell, config.hidden_size, config.num_heads, **config.mixer)
-        self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mixer.get("backend", "auto"))
+        self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps, backend)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, backend)
 
     def forward(self, x: Tensor, state: MixerState | None, output_state: bool, documents: Documents | None = None):
         mixed, state = self.mixer(self.mixer_norm(x), state, output_state, documents)
-        x = x + mixed
-        return x + self.mlp(self.mlp_norm(x)), state
+        normed, x = self.mlp_norm(x, mixed)  # x + mixed, and its norm
+        return x + self.mlp(normed), state
 
     def local_param_roles(self) -> dict[str, str]:
         return {"mixer_norm.weight": "norm", "mlp_norm.weight": "norm"}
@@ -72,7 +86,7 @@ class LanguageModel(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
-        self.norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps, config.mixer.get("backend", "auto"))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         # outside lm_head so that logit_multiplier scales W h only: the bias's step moves the logits by the same
         # amount at every width

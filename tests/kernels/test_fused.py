@@ -12,7 +12,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: set it first
 
-from linrnn.kernels.fused import gated_rms_norm, l2_normalize, swiglu  # noqa: E402
+from linrnn.kernels.fused import gated_rms_norm, l2_normalize, rms_norm, swiglu  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="needs triton"))]
@@ -98,6 +98,57 @@ def test_swiglu_matches_formula(backend, shape):
                           atol=2e-6, dtype_out=torch.float32)  # fmt: skip
 
 
+def rms_formula(x, weight, eps):
+    return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * weight
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(2, 7, 40), (1, 3, 1024)])
+def test_rms_norm_matches_formula(backend, shape):
+    torch.manual_seed(7)
+    x, weight = leaf(*shape), leaf(shape[-1])
+    check_against_formula(lambda *a: rms_norm(*a, backend=backend), rms_formula, (x, weight, 1e-6), atol=2e-5,
+                          dtype_out=torch.float32)  # fmt: skip
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("delta_dtype", [torch.float32, torch.bfloat16])
+def test_residual_add_and_rms_norm(backend, delta_dtype):
+    """``(norm(x + delta), x + delta)`` with gradients flowing into both outputs, as in a block (the sum goes on
+    as the residual stream): the gradients of x, delta and the weight against fp64."""
+    torch.manual_seed(8)
+    x, delta, weight = leaf(3, 5, 48), leaf(3, 5, 48, dtype=delta_dtype), leaf(48)
+    normed, total = rms_norm(x, weight, 1e-6, delta, backend=backend)
+    assert normed.dtype == total.dtype == torch.float32 and not normed.isnan().any() and not total.isnan().any()
+    d_normed, d_total = torch.randn(normed.shape, dtype=torch.float64), torch.randn(total.shape, dtype=torch.float64)
+    outputs = (normed, total)
+    grads = torch.autograd.grad(outputs, (x, delta, weight), [g.float().to(DEVICE) for g in (d_normed, d_total)])
+    exact = [t.detach().cpu().double().requires_grad_() for t in (x, delta, weight)]
+    exact_total = exact[0] + exact[1]
+    expected = (rms_formula(exact_total, exact[2], 1e-6), exact_total)
+    for got, want in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=2e-5)
+    expected_grads = torch.autograd.grad(expected, exact, (d_normed, d_total))
+    assert grads[1].dtype == delta_dtype
+    for got, want in zip(grads, expected_grads, strict=True):
+        tolerance = 1e-2 if got.dtype == torch.bfloat16 else 2e-5
+        torch.testing.assert_close(got.cpu().double(), want, rtol=tolerance, atol=tolerance * want.abs().max().item())
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_rms_norm_output_in_the_autocast_dtype():
+    """Under autocast the Triton path returns what the next GEMM reads (bf16); the residual sum stays fp32."""
+    x, delta, weight = leaf(2, 4, 32), leaf(2, 4, 32), leaf(32)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        normed, total = rms_norm(x, weight, 1e-6, delta, backend="triton")
+        alone = rms_norm(x, weight, 1e-6, backend="triton")
+    assert normed.dtype == alone.dtype == torch.bfloat16 and total.dtype == torch.float32
+    torch.testing.assert_close(normed.double(), rms_formula((x + delta).double(), weight.double(), 1e-6),
+                               rtol=1e-2, atol=1e-2)  # fmt: skip
+
+
 def l2_formula(x, eps):
     return x / x.norm(dim=-1, keepdim=True).clamp_min(eps)
 
@@ -128,7 +179,12 @@ def test_l2_normalize_returns_the_requested_dtype(backend):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 def test_custom_op_registration():
-    from linrnn.kernels.fused import gated_rms_norm_op, l2_normalize_op, swiglu_op
+    from linrnn.kernels.fused import add_rms_norm_op, gated_rms_norm_op, l2_normalize_op, rms_norm_op, swiglu_op
+
+    for op, args in [(rms_norm_op, (leaf(3, 16), leaf(16), 1e-6, torch.float32)),
+                     (add_rms_norm_op, (leaf(3, 16), leaf(3, 16), leaf(16), 1e-6, torch.float32))]:  # fmt: skip
+        results = torch.library.opcheck(op, args)
+        assert set(results.values()) == {"SUCCESS"}, results
 
     results = torch.library.opcheck(l2_normalize_op, (leaf(2, 5, 2, 8), 1e-6, torch.float32))
     assert set(results.values()) == {"SUCCESS"}, results

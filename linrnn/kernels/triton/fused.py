@@ -1,5 +1,10 @@
-"""The model's fused pieces in Triton, forward and backward: the gated RMSNorm of the recurrence output, the L2 norm
-of the key streams and the SwiGLU product.
+"""The model's fused pieces in Triton, forward and backward: the residual add + RMSNorm of the blocks, the gated
+RMSNorm of the recurrence output, the L2 norm of the key streams and the SwiGLU product.
+
+Residual add + RMSNorm, per row of the hidden size: ``s = x + delta`` (delta optional), ``y = w · s / rms(s)`` in
+the output dtype (the GEMM's, bf16 under autocast), s in x's dtype (the fp32 residual stream). Backward, from the
+gradients of y and of s: ``ds = r · (g − n · mean(g · n)) + ds_out`` with ``g = dy · w``, ``n = r · s``; ``dx = ds``,
+``d delta = ds`` (delta's dtype), ``dw = Σ_rows dy · n``. Only s is kept for the backward.
 
 Gated RMSNorm, per row of D channels (one token and head), with weight ``w [D]``::
 
@@ -184,3 +189,67 @@ def l2_norm_backward(dy: Tensor, x: Tensor, eps: float) -> Tensor:
     grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
     _l2_norm_bwd_kernel[grid](x, dy, dx, n_rows, eps, D=dim, BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(dim))
     return dx
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(x, delta, w, y, s, n_rows, eps, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+                         HAS_DELTA: tl.constexpr):  # fmt: skip
+    at, mask = _row_offsets(tl.program_id(0) * BR, n_rows, 1, D, D, BR, BD)
+    total = tl.load(x + at, mask=mask, other=0).to(tl.float32)
+    if HAS_DELTA:
+        total += tl.load(delta + at, mask=mask, other=0).to(tl.float32)
+        total = total.to(s.dtype.element_ty)  # normalise the sum as stored, in x's dtype
+        tl.store(s + at, total, mask=mask)
+        total = total.to(tl.float32)
+    cols = tl.arange(0, BD)
+    wv = tl.load(w + cols, mask=cols < D, other=0).to(tl.float32)
+    rstd = 1 / tl.sqrt(tl.sum(total * total, axis=1) / D + eps)
+    tl.store(y + at, (total * rstd[:, None] * wv[None, :]).to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(s, w, dy, ds_out, dx, d_delta, dw_partial, n_rows, eps, D: tl.constexpr, BR: tl.constexpr,
+                         BD: tl.constexpr, HAS_DS_OUT: tl.constexpr, HAS_DELTA: tl.constexpr):  # fmt: skip
+    at, mask = _row_offsets(tl.program_id(0) * BR, n_rows, 1, D, D, BR, BD)
+    total = tl.load(s + at, mask=mask, other=0).to(tl.float32)
+    grad = tl.load(dy + at, mask=mask, other=0).to(tl.float32)
+    cols = tl.arange(0, BD)
+    wv = tl.load(w + cols, mask=cols < D, other=0).to(tl.float32)
+    rstd = 1 / tl.sqrt(tl.sum(total * total, axis=1) / D + eps)
+    normed = total * rstd[:, None]
+    g = grad * wv[None, :]
+    grad_s = rstd[:, None] * (g - normed * (tl.sum(g * normed, axis=1) / D)[:, None])
+    if HAS_DS_OUT:
+        grad_s += tl.load(ds_out + at, mask=mask, other=0).to(tl.float32)
+    tl.store(dx + at, grad_s.to(dx.dtype.element_ty), mask=mask)
+    if HAS_DELTA:
+        tl.store(d_delta + at, grad_s.to(d_delta.dtype.element_ty), mask=mask)
+    tl.store(dw_partial + tl.program_id(0) * D + cols, tl.sum(grad * normed, axis=0), mask=cols < D)
+
+
+def rms_norm_forward(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float,
+                     dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """x, delta contiguous ``[..., D]`` → (y in ``dtype``, s = x + delta in x's dtype, or None without delta)."""
+    dim = x.shape[-1]
+    n_rows = x.numel() // dim
+    y = new_output(x.shape, dtype, x.device)
+    s = new_output(x.shape, x.dtype, x.device) if delta is not None else None
+    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
+    _rms_norm_fwd_kernel[grid](x, delta, weight, y, s, n_rows, eps, D=dim, BR=ROWS_PER_PROGRAM,
+                               BD=triton.next_power_of_2(dim), HAS_DELTA=delta is not None)  # fmt: skip
+    return y, s
+
+
+def rms_norm_backward(dy: Tensor, ds_out: Tensor | None, s: Tensor, weight: Tensor, eps: float,
+                      delta_dtype: torch.dtype | None) -> tuple[Tensor, Tensor | None, Tensor]:  # fmt: skip
+    """s: the normalised input (x + delta, or x) → (dx in s's dtype, d delta in ``delta_dtype`` or None, dw fp32)."""
+    dim = s.shape[-1]
+    n_rows = s.numel() // dim
+    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
+    dx = new_output(s.shape, s.dtype, s.device)
+    d_delta = new_output(s.shape, delta_dtype, s.device) if delta_dtype is not None else None
+    dw_partial = new_output((grid[0], dim), torch.float32, s.device)
+    _rms_norm_bwd_kernel[grid](s, weight, dy, ds_out, dx, d_delta, dw_partial, n_rows, eps, D=dim,
+                               BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(dim), HAS_DS_OUT=ds_out is not None,
+                               HAS_DELTA=delta_dtype is not None)  # fmt: skip
+    return dx, d_delta, dw_partial.sum(0)
