@@ -7,9 +7,11 @@ Public API::
     linrnn.build_mixer("kda", hidden_size, num_heads)  # one mixer layer
     linrnn.build_model("gdn", preset="byte-tiny")           # a language model
     linrnn.generate(model, prompt_ids, max_new_tokens)
+    linrnn.Engine(model, slots=8).generate(prompts, linrnn.Sampling(temperature=0))  # batched decoding
     linrnn.param_roles(model)                          # {parameter name: role}
 """
 
+from linrnn.inference import Engine, Sampling
 from linrnn.kernels import ops
 from linrnn.models import ModelConfig, build_model, generate, list_presets
 from linrnn.recurrences import MixerState, build_mixer, get_cell, list_cells, param_roles
@@ -17,6 +19,8 @@ from linrnn.recurrences import MixerState, build_mixer, get_cell, list_cells, pa
 __version__ = "0.1.0"
 
 __all__ = [
+    "Engine",
+    "Sampling",
     "MixerState",
     "ModelConfig",
     "build_mixer",

@@ -74,11 +74,12 @@ class MixerConfig(MixerOptions):
 
 @dataclass
 class MixerState:
-    """Carried between calls: short-conv histories ``[B, C, W−1]`` per stream, recurrent state ``[B, H, K, V]``."""
+    """Carried between calls: short-conv histories ``[B, C, W−1]`` per stream, recurrent state ``[B, H, K, V]``, and
+    the number of tokens seen (RoPE's position): an int, or a ``[B]`` tensor when rows are at different positions."""
 
     conv: dict[str, Tensor] = field(default_factory=dict)
     recurrent: Tensor | None = None
-    position: int = 0
+    position: int | Tensor = 0
 
 
 @dataclass
@@ -161,18 +162,20 @@ def at_least_fp32(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def apply_rope(x: Tensor, start: int | Tensor, theta: float) -> Tensor:
-    """Rotary embedding on ``[B, T, H, K]`` at positions ``start .. start + T − 1``, or at the positions ``[T]``
-    given as a tensor (half-split pairs)."""
+def apply_rope(x: Tensor, start: int | Tensor, theta: float, positions: Tensor | None = None) -> Tensor:
+    """Rotary embedding on ``[B, T, H, K]`` (half-split pairs) at positions ``start .. start + T − 1``, where
+    ``start`` is an int or a ``[B]`` tensor (one start per row: decoding slots); or at ``positions`` ``[T]``, the
+    tokens' own positions (packed documents, B = 1)."""
     half = x.shape[-1] // 2
     wide = at_least_fp32(x)
     inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=wide.dtype) / half)
-    if isinstance(start, Tensor):
-        positions = start.to(wide.dtype)
+    if positions is not None:
+        at = positions.to(wide.dtype)[None]  # [1, T]
     else:
-        positions = torch.arange(start, start + x.shape[1], device=x.device, dtype=wide.dtype)
-    angles = positions[:, None] * inv_freq[None, :]  # [T, K/2]
-    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+        steps = torch.arange(x.shape[1], device=x.device, dtype=wide.dtype)
+        at = start.to(wide.dtype)[:, None] + steps if isinstance(start, Tensor) else (start + steps)[None]
+    angles = at[..., None] * inv_freq  # [1 or B, T, K/2]
+    cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
     first, second = wide[..., :half], wide[..., half:]
     rotated = torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
     return rotated.to(x.dtype)
@@ -310,8 +313,8 @@ class LinearRNNMixer(nn.Module):
             streams[name] = rearrange(h, "b t (h d) -> b t h d", h=self.num_heads)
         if config.use_rope:
             for name in ("q", "k"):
-                at = position if documents is None else documents.positions
-                streams[name] = apply_rope(streams[name], at, config.rope_theta)
+                positions = None if documents is None else documents.positions
+                streams[name] = apply_rope(streams[name], position, config.rope_theta, positions)
         q, k, v = streams.pop("q"), streams.pop("k"), streams.pop("v")
         # the recurrence runs in v's dtype (bf16 under autocast): the L2 norms compute in fp32 and return that
         q, k = (l2_normalize(h, 1e-6, v.dtype, config.backend) for h in (q, k))

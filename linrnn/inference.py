@@ -1,0 +1,249 @@
+"""Generation engine: fixed batch slots with preallocated state, continuous batching, per-request sampling.
+
+A linear RNN's decode state has a fixed size, so every decode step has the same shapes. ``Engine(model, slots)``
+keeps, for every layer, the short-conv histories ``[slots, C, W − 1]``, the recurrent state ``[slots, H, K, V]``
+and each slot's position. A request is prefilled alone (the chunkwise kernels) and its state copied into a free
+slot; then one step advances every slot by one token — embedding, every layer, readout, sampling — and, on CUDA,
+that step is one CUDA graph replay (captured once, on the first step). Slots finish and take the next request
+independently, without re-capturing.
+
+Sampling is per request: greedy (``temperature = 0``), temperature, top-k, top-p, stop tokens, a token budget and
+a seed. The random draw for the n-th new token of a request is a function of (seed, n, token id) only — a
+counter-based hash, not a generator's stream — so a request gets the same tokens alone, in any batch and in any
+slot.
+
+    engine = Engine(model, slots=8)
+    for request_id, token in engine.stream([prompt_a, prompt_b], Sampling(temperature=0.8, top_p=0.95)):
+        ...
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from linrnn.errors import UsageError
+from linrnn.models.lm import LanguageModel, _check_prompt
+from linrnn.recurrences.base import MixerState
+
+
+class Sampling(BaseModel):
+    """How one request picks its tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(64, ge=0, description="new tokens at most (a stop token ends earlier)")
+    temperature: float = Field(1.0, ge=0, description="0: greedy (argmax)")
+    top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens")
+    top_p: float | None = Field(None, gt=0, le=1, description="sample among the most likely tokens whose mass is p")
+    stop_tokens: tuple[int, ...] = Field((), description="ids that end the request (not emitted)")
+    seed: int = Field(0, ge=0, lt=2**31)
+
+
+DEFAULT_SAMPLING = Sampling()
+
+
+@dataclass
+class Request:
+    """A prompt and its sampling settings; ``tokens`` collects the new tokens, ``finish_reason`` is "stop" (a stop
+    token) or "length" (``max_new_tokens``) once done."""
+
+    id: int
+    prompt: Tensor  # [T] int64
+    sampling: Sampling
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+def uniform_noise(seed: Tensor, counter: Tensor, vocab_size: int) -> Tensor:
+    """``[S, V]`` uniform numbers in (0, 1) from 32-bit integer hashing of (seed, counter, token id), per row."""
+    token = torch.arange(vocab_size, device=seed.device)
+    x = (seed[:, None] * 1_000_003 + counter[:, None] * 7_919 + token[None, :]) & 0xFFFFFFFF
+    for _ in range(3):  # below 2^32 · 2^27 throughout: no int64 overflow
+        x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    x = x ^ (x >> 16)
+    return ((x >> 8).to(torch.float32) + 0.5) / 2**24
+
+
+def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor) -> Tensor:
+    """One token per row of ``logits`` ``[S, V]``: argmax where ``temperature`` is 0, else the Gumbel-max draw
+    among the tokens that top-k (``top_k`` 0: all) and top-p (``top_p`` 1: all) keep. All per-row ``[S]``
+    tensors, so the step has static shapes (a CUDA graph); the noise is ``uniform_noise(seed, counter)``."""
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    scaled = logits / temperature.clamp_min(1e-6)[:, None]
+    ordered = scaled.sort(dim=-1, descending=True).values
+    probs = ordered.softmax(dim=-1)
+    rank = torch.arange(vocab, device=logits.device)
+    keep = rank[None, :] < torch.where(top_k > 0, top_k, vocab)[:, None]
+    keep &= (probs.cumsum(dim=-1) - probs) < top_p[:, None]  # the mass before a token; the first is always kept
+    cutoff = torch.where(keep, ordered, float("inf")).min(dim=-1).values  # the smallest kept logit
+    gumbel = -torch.log(-torch.log(uniform_noise(seed, counter, vocab)))
+    drawn = torch.where(scaled >= cutoff[:, None], scaled + gumbel, float("-inf")).argmax(dim=-1)
+    return torch.where(temperature > 0, drawn, logits.argmax(dim=-1))
+
+
+class Engine:
+    """Continuous-batching generation over ``slots`` fixed slots (module docstring). ``cuda_graph`` (default: on
+    for a CUDA model) captures the decode step once and replays it."""
+
+    def __init__(self, model: LanguageModel, slots: int = 8, cuda_graph: bool | None = None):
+        if not isinstance(slots, int) or slots < 1:
+            raise UsageError(f"Engine: argument 'slots' must be an int >= 1, got {slots!r}")
+        self.model = model.eval()
+        self.slots = slots
+        self.device = next(model.parameters()).device
+        self.cuda_graph = self.device.type == "cuda" if cuda_graph is None else cuda_graph
+        if self.cuda_graph and self.device.type != "cuda":
+            raise UsageError(f"Engine: argument 'cuda_graph' needs a CUDA model, got device {self.device}")
+        self.vocab_size = model.config.vocab_size
+        long = dict(dtype=torch.long, device=self.device)
+        self.tokens = torch.zeros(slots, 1, **long)  # the step's input: each slot's last token
+        self.positions = torch.zeros(slots, **long)
+        self.counters = torch.zeros(slots, **long)  # new tokens so far, per slot: the noise counter
+        self.seeds = torch.zeros(slots, **long)
+        self.top_k = torch.zeros(slots, **long)
+        self.temperature = torch.zeros(slots, device=self.device)
+        self.top_p = torch.ones(slots, device=self.device)
+        self.next_tokens = torch.zeros(slots, **long)  # the step's output
+        with torch.no_grad():  # the state buffers: shapes and dtypes of a real step's, zeroed
+            _, state = model(self.tokens, return_state=True)
+        self.states = [MixerState(conv={k: torch.zeros_like(v) for k, v in layer.conv.items()},
+                                  recurrent=torch.zeros_like(layer.recurrent), position=self.positions)
+                       for layer in state]  # fmt: skip
+        self._graph: torch.cuda.CUDAGraph | None = None
+
+    def stream(self, prompts: Sequence[Tensor], sampling: Sampling | Sequence[Sampling] = DEFAULT_SAMPLING
+               ) -> Iterator[tuple[int, int]]:  # fmt: skip
+        """Runs every prompt (``[T]`` token ids; request i is prompts[i]) and yields ``(request id, token)`` as
+        tokens are made. ``sampling``: one for all, or one per prompt."""
+        return self._stream(self._requests(prompts, sampling))
+
+    def generate(self, prompts: Sequence[Tensor], sampling: Sampling | Sequence[Sampling] = DEFAULT_SAMPLING
+                 ) -> list[Request]:  # fmt: skip
+        """Every prompt run to its end: the requests, with their new ``tokens`` and ``finish_reason``."""
+        requests = self._requests(prompts, sampling)
+        for _ in self._stream(requests):
+            pass
+        return requests
+
+    def _stream(self, requests: list[Request]) -> Iterator[tuple[int, int]]:
+        waiting, active = deque(requests), {}  # active: slot -> request
+        while waiting or active:
+            for slot in range(self.slots):
+                while slot not in active and waiting:  # a request that ends in its prefill leaves the slot free
+                    request = waiting.popleft()
+                    token = self._prefill(slot, request)
+                    if token is not None:
+                        yield request.id, token
+                    if request.finish_reason is None:
+                        active[slot] = request
+            if not active:
+                continue
+            self._decode_step()
+            self.tokens[:, 0].copy_(self.next_tokens)  # on the device; finished and idle slots are ignored
+            self.counters.add_(1)
+            new_tokens = self.next_tokens.tolist()  # the one device sync per step
+            for slot, request in list(active.items()):
+                token = self._accept(request, new_tokens[slot])
+                if token is not None:
+                    yield request.id, token
+                if request.finish_reason is not None:
+                    del active[slot]
+
+    def _requests(self, prompts, sampling) -> list[Request]:
+        if isinstance(prompts, Tensor):
+            raise UsageError("Engine: argument 'prompts' must be a sequence of [T] token tensors, got one tensor")
+        settings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
+        if len(settings) != len(prompts):
+            raise UsageError(f"Engine: argument 'sampling' must be one Sampling or one per prompt "
+                             f"({len(prompts)}), got {len(settings)}")  # fmt: skip
+        requests = []
+        for i, (prompt, setting) in enumerate(zip(prompts, settings, strict=True)):
+            if not isinstance(prompt, Tensor) or prompt.dim() != 1:
+                raise UsageError(f"Engine: prompt {i} must be a [T] token tensor, got "
+                                 f"{type(prompt).__name__} {list(getattr(prompt, 'shape', []))}")  # fmt: skip
+            if not isinstance(setting, Sampling):
+                raise UsageError(f"Engine: sampling {i} must be a linrnn.inference.Sampling, got "
+                                 f"{type(setting).__name__}")  # fmt: skip
+            _check_prompt(prompt, self.vocab_size)
+            requests.append(Request(i, prompt.to(self.device, torch.long), setting))
+        return requests
+
+    @torch.no_grad()
+    def _prefill(self, slot: int, request: Request) -> int | None:
+        """Runs the prompt alone, copies its state into ``slot``, samples the first token (None if the request
+        ends without one)."""
+        setting = request.sampling
+        if setting.max_new_tokens == 0:
+            request.finish_reason = "length"
+            return None
+        logits, state = self.model(request.prompt[None], return_state=True)
+        for buffer, layer in zip(self.states, state, strict=True):
+            for name, history in layer.conv.items():
+                buffer.conv[name][slot].copy_(history[0])
+            buffer.recurrent[slot].copy_(layer.recurrent[0])
+        self.positions[slot] = request.prompt.shape[0]
+        self.seeds[slot] = setting.seed
+        self.counters[slot] = 0
+        self.temperature[slot] = setting.temperature
+        self.top_k[slot] = setting.top_k or 0
+        self.top_p[slot] = setting.top_p or 1.0
+        per_slot = (self.temperature, self.top_k, self.top_p, self.seeds, self.counters)
+        first = sample(logits[:, -1], *(t[slot : slot + 1] for t in per_slot))
+        token = self._accept(request, int(first))
+        if request.finish_reason is None:
+            self.tokens[slot, 0] = token
+            self.counters[slot] = 1
+        return token
+
+    def _accept(self, request: Request, token: int) -> int | None:
+        """Records ``token`` for ``request``; None (and finished) for a stop token."""
+        setting = request.sampling
+        if token in setting.stop_tokens:
+            request.finish_reason = "stop"
+            return None
+        request.tokens.append(token)
+        if len(request.tokens) >= setting.max_new_tokens:
+            request.finish_reason = "length"
+        return token
+
+    def _step(self) -> None:
+        """One token for every slot, in place: reads ``tokens`` and the state buffers, writes ``next_tokens`` and
+        the state buffers (what the CUDA graph captures)."""
+        logits, state = self.model(self.tokens, state=self.states, return_state=True)
+        for buffer, layer in zip(self.states, state, strict=True):
+            for name, history in layer.conv.items():
+                buffer.conv[name].copy_(history)
+            buffer.recurrent.copy_(layer.recurrent)
+        self.positions.add_(1)
+        self.next_tokens.copy_(sample(logits[:, -1], self.temperature, self.top_k, self.top_p, self.seeds,
+                                      self.counters))  # fmt: skip
+
+    @torch.no_grad()
+    def _decode_step(self) -> None:
+        if not self.cuda_graph:
+            self._step()
+            return
+        if self._graph is None:  # warm up on a side stream (kernels compile, allocator settles), then capture
+            saved = [(b.recurrent.clone(), {k: v.clone() for k, v in b.conv.items()}) for b in self.states]
+            position = self.positions.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._step()
+            torch.cuda.current_stream().wait_stream(side)
+            for buffer, (recurrent, conv) in zip(self.states, saved, strict=True):  # undo the warm-up step
+                buffer.recurrent.copy_(recurrent)
+                for name, history in conv.items():
+                    buffer.conv[name].copy_(history)
+            self.positions.copy_(position)
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):
+                self._step()
+        self._graph.replay()

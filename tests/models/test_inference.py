@@ -1,0 +1,118 @@
+"""The generation engine (``linrnn.inference``): greedy tokens equal the argmax of the full forward for every cell;
+a request gets the same tokens alone, in a batch of other lengths, and when slots are refilled mid-run (continuous
+batching), greedy and sampled; the sampling options; CUDA graphs against plain steps on the GPU."""
+
+import pytest
+import torch
+
+import linrnn
+from linrnn.errors import UsageError
+from linrnn.inference import Engine, Sampling, sample
+
+CELLS = linrnn.list_cells()
+
+
+def tiny(cell, **options):
+    torch.manual_seed(0)
+    return linrnn.build_model(cell, preset="byte-tiny", num_layers=2, **options).double()
+
+
+def prompts(*lengths, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (n,), generator=gen) for n in lengths]
+
+
+@pytest.mark.parametrize("cell, options", [*((cell, {}) for cell in CELLS), ("gated_deltanet", {"use_rope": True})])
+def test_greedy_tokens_are_the_argmax_of_the_full_forward(cell, options):
+    model = tiny(cell, **options)
+    (prompt,) = prompts(7)
+    engine = Engine(model, slots=1)
+    (request,) = engine.generate([prompt], Sampling(max_new_tokens=6, temperature=0))
+    assert len(request.tokens) == 6 and request.finish_reason == "length"
+    sequence = torch.cat([prompt, torch.tensor(request.tokens)])
+    with torch.no_grad():
+        logits, state = model(sequence[None, :-1], return_state=True)
+    assert request.tokens == logits[0, len(prompt) - 1 :].argmax(-1).tolist()
+    for slot_state, full in zip(engine.states, state, strict=True):  # the slot holds the state after all but the last
+        torch.testing.assert_close(slot_state.recurrent, full.recurrent, rtol=1e-10, atol=1e-12)
+        for name, history in full.conv.items():
+            torch.testing.assert_close(slot_state.conv[name], history, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])
+@pytest.mark.parametrize("options", [{}, {"use_rope": True}], ids=["plain", "rope"])
+def test_a_batch_and_refilled_slots_give_each_request_its_own_tokens(cell, options):
+    """Five requests of different prompt lengths, budgets and sampling through two slots (slots are refilled as
+    requests end) against each request alone in one slot."""
+    model = tiny(cell, **options)
+    batch = prompts(3, 9, 1, 5, 12)
+    settings = [Sampling(max_new_tokens=n, temperature=t, top_k=k, top_p=p, seed=s)
+                for n, t, k, p, s in [(4, 0, None, None, 0), (7, 0.8, None, 0.9, 3), (2, 1.0, 5, None, 1),
+                                      (6, 0, None, None, 0), (3, 1.3, 20, 0.95, 8)]]  # fmt: skip
+    together = Engine(model, slots=2).generate(batch, settings)
+    alone = [Engine(model, slots=1).generate([p], [s])[0] for p, s in zip(batch, settings, strict=True)]
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    assert [len(r.tokens) for r in together] == [4, 7, 2, 6, 3]
+
+
+def test_stream_yields_tokens_as_they_come():
+    model = tiny("gdn")
+    engine = Engine(model, slots=3)
+    events = list(engine.stream(prompts(4, 6), Sampling(max_new_tokens=3, temperature=0)))
+    assert sorted(i for i, _ in events) == [0, 0, 0, 1, 1, 1]
+    assert events[:2] == [(0, events[0][1]), (1, events[1][1])]  # both prefilled before the first step
+
+
+def test_sampling_options():
+    model = tiny("kda")
+    (prompt,) = prompts(5)
+    engine = Engine(model, slots=1)
+
+    def tokens(**settings):
+        return engine.generate([prompt], Sampling(max_new_tokens=8, **settings))[0].tokens
+
+    greedy = tokens(temperature=0)
+    assert tokens(temperature=1.5, top_k=1) == greedy  # one candidate
+    assert tokens(temperature=1.5, top_p=1e-6) == greedy  # the most likely token alone holds the mass
+    assert tokens(temperature=1.0, seed=4) == tokens(temperature=1.0, seed=4)
+    assert tokens(temperature=1.0, seed=4) != tokens(temperature=1.0, seed=5)
+    stopped = engine.generate([prompt], Sampling(max_new_tokens=8, temperature=0, stop_tokens=(greedy[3],)))[0]
+    assert stopped.tokens == greedy[: greedy.index(greedy[3])] and stopped.finish_reason == "stop"
+    assert engine.generate([prompt], Sampling(max_new_tokens=0))[0].tokens == []
+
+
+def test_sample_draws_by_probability():
+    """Gumbel-max over the hashed noise: the frequencies of 4000 draws follow the softmax (temperature 0.5)."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(4000, 4)
+    rows = torch.ones(4000)
+    drawn = sample(logits, 0.5 * rows, torch.zeros(4000, dtype=torch.long), rows, torch.arange(4000) * 7,
+                   torch.zeros(4000, dtype=torch.long))  # fmt: skip
+    frequencies = torch.bincount(drawn, minlength=4).double() / 4000
+    torch.testing.assert_close(frequencies, (logits[0] / 0.5).double().softmax(-1), atol=0.03, rtol=0)
+
+
+def test_engine_errors():
+    model = tiny("gdn")
+    with pytest.raises(UsageError, match="'slots' must be an int >= 1, got 0"):
+        Engine(model, slots=0)
+    engine = Engine(model, slots=1)
+    with pytest.raises(UsageError, match=r"prompt 0 must be a \[T\] token tensor"):
+        engine.generate([torch.zeros(1, 3, dtype=torch.long)])
+    with pytest.raises(UsageError, match=r"expected token ids in \[0, vocab_size = 256\), got 300"):
+        engine.generate([torch.tensor([1, 300])])
+    with pytest.raises(UsageError, match="one Sampling or one per prompt"):
+        engine.generate(prompts(2, 2), [Sampling()])
+    with pytest.raises(ValueError, match="top_p"):
+        Sampling(top_p=1.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", CELLS)
+def test_cuda_graph_equals_plain_steps(cell):
+    torch.manual_seed(0)
+    model = linrnn.build_model(cell, preset="byte-tiny", num_layers=2).cuda().to(torch.bfloat16)
+    batch = [p.cuda() for p in prompts(5, 30, 2, 17)]
+    settings = Sampling(max_new_tokens=12, temperature=0)
+    graphs = Engine(model, slots=3, cuda_graph=True).generate(batch, settings)
+    plain = Engine(model, slots=3, cuda_graph=False).generate(batch, settings)
+    assert [r.tokens for r in graphs] == [r.tokens for r in plain]
