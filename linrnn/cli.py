@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo_parser.add_argument("--save", type=Path, help="directory for the trained models (DIR/<cell>.pt)")
 
+    from linrnn import generate_cli
     from linrnn.training import evaluate as training
     from linrnn.training import sweep
 
@@ -116,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
          sweep.add_arguments, sweep.run),
         ("train", "prepare the embedded corpus, train through torchtitan, report validation bpb and a sample",
          training.add_train_arguments, training.train_main),
+        ("generate", "stream text from a saved model (linrnn train's model.pt, or linrnn demo --save)",
+         generate_cli.add_arguments, generate_cli.run),
     ):  # fmt: skip
         add_arguments(add_command(commands, name, summary, command))
     data_parser = commands.add_parser("data", help="training data")
