@@ -13,11 +13,13 @@ def main(path: str) -> None:
     runs = json.load(open(path))
     medians = defaultdict(dict)  # (cell, batch) -> {impl: seconds}
     prefill = defaultdict(dict)  # (cell, steps) -> {impl: seconds}
-    chunk, model = [], []
+    chunk, model, generate = [], [], []
     for bench in runs["benchmarks"]:
         info = bench["extra_info"]
         if info.get("kind") == "model":
             model.append(info)
+        elif info.get("kind") == "generate":
+            generate.append(info)
         elif info.get("kind") == "chunk":
             chunk.append(dict(info, median=bench["stats"]["median"]))
         elif info.get("kind") == "prefill":
@@ -31,6 +33,8 @@ def main(path: str) -> None:
         chunk_tables(chunk)
     if model:
         model_table(model)
+    if generate:
+        generate_table(generate)
     if not medians:
         return
     print("| cell | batch | linrnn (µs) | linrnn torch path (µs) | FLA (µs) | linrnn / FLA | linrnn tokens/s |")
@@ -95,6 +99,30 @@ def model_table(rows: list[dict]) -> None:
                 f"| {batch}×{steps} | {name} | {row['tokens_per_s']:,.0f} | {peak} | {versus_fla} | {versus_llama} | "
                 f"{row['params'] / 1e6:.1f}M | {row['last_loss']:.3f} |"
             )
+
+
+def generate_table(rows: list[dict]) -> None:
+    """benchmarks/test_generate_gpu.py: decode step time and tokens/s per model and setting, with the ratio to the
+    Llama in the same run, and the decode state per sequence (linrnn) or KV cache per sequence (the Llama)."""
+    print("| batch × prompt | model | ms / step | decode tokens/s | × Llama | prefill s | state or KV cache per "
+          "sequence | peak GiB |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---|---:|")
+    by_setting = defaultdict(dict)
+    for row in rows:
+        by_setting[(row["batch"], row["prompt"])][row["model"]] = row
+    for (batch, prompt), models in by_setting.items():
+        llama = models.get("llama", {}).get("decode_tokens_per_s")
+        for name, row in models.items():
+            if "state_bytes_per_sequence" in row:
+                memory = f"state {row['state_bytes_per_sequence'] / 2**20:.1f} MiB"
+            elif "kv_cache_bytes_per_sequence" in row:
+                memory = (f"KV {row['kv_cache_bytes_per_sequence'] / 2**20:.0f} MiB "
+                          f"({row['kv_cache_bytes_at_32k'] / 2**20:.0f} MiB at 32k)")  # fmt: skip
+            else:
+                memory = "–"
+            peak = f"{row['peak_gib']:.1f}" if row.get("peak_gib") is not None else "–"
+            print(f"| {batch}×{prompt} | {name} | {row['ms_per_step']:.2f} | {row['decode_tokens_per_s']:,.0f} | "
+                  f"{_ratio(row['decode_tokens_per_s'], llama)} | {row['prefill_s']:.2f} | {memory} | {peak} |")  # fmt: skip
 
 
 def _ratio(value: float, peer: float | None) -> str:

@@ -1,0 +1,136 @@
+"""Decoding at ~340M: linrnn's ``Engine`` (CUDA graphs) against transformers' Llama ``generate`` (KV cache) and FLA
+0.6.0's ``generate``, greedy, bf16 weights, in one run.
+
+Run on the GPU machine (``bash scripts/gpu_generate.sh``)::
+
+    python -m pytest benchmarks/test_generate_gpu.py --benchmark-only --benchmark-json=generate.json
+    python benchmarks/report.py generate.json
+
+Settings (batch, prompt tokens, new tokens): (1, 512, 128) for the latency, (32, 4096, 128) and (256, 4096, 64)
+for the throughput; ``GENERATE_BENCH_SETTINGS`` as ``BxPxN,...``. Models in ``GENERATE_BENCH_MODELS``. Each test
+times the whole call (prefill + decode) and a prefill-only call (one new token); the decode rate is
+``batch · (new − 1) / (whole − prefill)`` and the step time its inverse at batch 1. Reported (``extra_info``):
+ms per decode step, decode tokens/s, prefill seconds, peak GiB, and the bytes of decode state per sequence
+(linrnn: short-conv histories and fp32 recurrent states; the Llama: the bf16 KV cache at the prompt length and at
+32k). A setting whose KV cache cannot fit on the card is skipped for the Llama.
+
+CPU dry run (tiny models, linrnn only)::
+
+    GENERATE_BENCH_DEVICE=cpu GENERATE_BENCH_SETTINGS=2x16x4 GENERATE_BENCH_MODELS=linrnn_gdn \\
+    python -m pytest benchmarks/test_generate_gpu.py --benchmark-only
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+DEVICE = os.environ.get("GENERATE_BENCH_DEVICE", "cuda")
+_SETTINGS = os.environ.get("GENERATE_BENCH_SETTINGS", "1x512x128,32x4096x128,256x4096x64")
+SETTINGS = [tuple(map(int, s.split("x"))) for s in _SETTINGS.split(",")]
+MODELS = os.environ.get("GENERATE_BENCH_MODELS", "linrnn_gdn,linrnn_kda,llama,fla_gdn,fla_kda").split(",")
+VOCAB, HIDDEN, LAYERS, HEADS, MLP = (32000, 1024, 21, 6, 2816) if DEVICE == "cuda" else (512, 64, 2, 2, 128)
+LLAMA_LAYERS, LLAMA_HEADS = (24, 16) if DEVICE == "cuda" else (2, 4)
+CELLS = {"gdn": "gated_deltanet", "kda": "kda"}
+
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("needs CUDA (or GENERATE_BENCH_DEVICE=cpu for a dry run)", allow_module_level=True)
+
+
+def kv_cache_bytes(tokens: int) -> int:
+    """The Llama's bf16 K and V for one sequence of ``tokens``."""
+    return 2 * LLAMA_LAYERS * tokens * HIDDEN * 2
+
+
+def build(name: str, batch: int, prompt: int):
+    """(run(ids, new_tokens) -> generated ids or token lists, extra_info)."""
+    family, *cell = name.split("_")
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    if family == "linrnn":
+        import linrnn
+
+        if DEVICE == "cuda":
+            model = linrnn.build_model(CELLS[cell[0]], preset="340m")
+        else:
+            model = linrnn.build_model(CELLS[cell[0]], vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=LAYERS,
+                                       num_heads=HEADS, intermediate_size=MLP)  # fmt: skip
+        model = model.to(DEVICE, dtype).eval()
+        engine = linrnn.Engine(model, slots=batch)
+        state_bytes = sum(t.numel() * t.element_size() for layer in engine.states
+                          for t in [layer.recurrent, *layer.conv.values()]) // batch  # fmt: skip
+
+        def run(ids, new):
+            requests = engine.generate(list(ids), linrnn.Sampling(max_new_tokens=new, temperature=0))
+            return [r.tokens for r in requests]
+
+        return run, {"state_bytes_per_sequence": state_bytes}
+    if family == "llama":
+        pytest.importorskip("transformers")
+        if DEVICE == "cuda":
+            free = torch.cuda.mem_get_info()[0]
+            if batch * kv_cache_bytes(prompt + 128) > 0.8 * free:
+                pytest.skip(f"the Llama's KV cache, {batch * kv_cache_bytes(prompt) / 2**30:.0f} GiB, does not fit")
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(hidden_size=HIDDEN, num_hidden_layers=LLAMA_LAYERS, num_attention_heads=LLAMA_HEADS,
+                             num_key_value_heads=LLAMA_HEADS, intermediate_size=MLP, vocab_size=VOCAB,
+                             tie_word_embeddings=True, max_position_embeddings=prompt + 256)  # fmt: skip
+        config._attn_implementation = "sdpa"
+        model = LlamaForCausalLM(config)
+        info = {"kv_cache_bytes_per_sequence": kv_cache_bytes(prompt), "kv_cache_bytes_at_32k": kv_cache_bytes(32768)}
+    else:
+        pytest.importorskip("fla")
+        from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM, KDAConfig, KDAForCausalLM
+
+        shared = dict(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_heads=HEADS, head_dim=128, expand_v=2.0,
+                      intermediate_size=MLP, vocab_size=VOCAB, tie_word_embeddings=True)  # fmt: skip
+        model = (GatedDeltaNetForCausalLM(GatedDeltaNetConfig(**shared)) if cell == ["gdn"]
+                 else KDAForCausalLM(KDAConfig(**shared)))  # fmt: skip
+        info = {}
+    model = model.to(DEVICE, dtype).eval()
+
+    def run(ids, new):
+        return model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+    return run, info
+
+
+def synchronize():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=[f"{b}x{p}x{n}" for b, p, n in SETTINGS])
+@pytest.mark.parametrize("name", MODELS)
+def test_generate(benchmark, name, setting):
+    batch, prompt, new = setting
+    torch.manual_seed(0)
+    run, info = build(name, batch, prompt)
+    ids = torch.randint(1, VOCAB, (batch, prompt), device=DEVICE)
+    with torch.no_grad():
+        run(ids, new)  # warm-up: kernels compile and autotune, the CUDA graph is captured
+        synchronize()
+        prefill = []
+        for _ in range(2):
+            start = time.perf_counter()
+            run(ids, 1)
+            synchronize()
+            prefill.append(time.perf_counter() - start)
+        if DEVICE == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+
+        def whole():
+            run(ids, new)
+            synchronize()
+
+        benchmark.pedantic(whole, rounds=3, iterations=1)
+    decode_s = max(benchmark.stats.stats.median - min(prefill), 1e-9)
+    benchmark.extra_info.update(
+        kind="generate", model=name, batch=batch, prompt=prompt, new=new, prefill_s=min(prefill),
+        ms_per_step=decode_s / (new - 1) * 1e3, decode_tokens_per_s=batch * (new - 1) / decode_s,
+        peak_gib=torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None,
+        device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", **info,
+    )  # fmt: skip
