@@ -121,8 +121,9 @@ def generate_table(rows: list[dict]) -> None:
             else:
                 memory = "–"
             peak = f"{row['peak_gib']:.1f}" if row.get("peak_gib") is not None else "–"
+            versus_llama = _ratio(row["decode_tokens_per_s"], llama)
             print(f"| {batch}×{prompt} | {name} | {row['ms_per_step']:.2f} | {row['decode_tokens_per_s']:,.0f} | "
-                  f"{_ratio(row['decode_tokens_per_s'], llama)} | {row['prefill_s']:.2f} | {memory} | {peak} |")  # fmt: skip
+                  f"{versus_llama} | {row['prefill_s']:.2f} | {memory} | {peak} |")  # fmt: skip
 
 
 def _ratio(value: float, peer: float | None) -> str:
