@@ -4,7 +4,7 @@ A linear RNN's decode state has a fixed size, so every decode step has the same 
 keeps, for every layer, the short-conv histories ``[slots, C, W − 1]``, the recurrent state ``[slots, H, K, V]``
 and each slot's position. A request is prefilled alone (the chunkwise kernels) and its state copied into a free
 slot; then one step advances every slot by one token — embedding, every layer, readout, sampling — and, on CUDA,
-that step is one CUDA graph replay (captured once, on the first step). Slots finish and take the next request
+that step is one CUDA graph replay (captured on the first step, once for all-greedy steps and once for sampling). Slots finish and take the next request
 independently, without re-capturing.
 
 Sampling is per request: greedy (``temperature = 0``), temperature, top-k, top-p, stop tokens, a token budget and
@@ -116,7 +116,7 @@ class Engine:
         self.states = [MixerState(conv={k: torch.zeros_like(v) for k, v in layer.conv.items()},
                                   recurrent=torch.zeros_like(layer.recurrent), position=self.positions)
                        for layer in state]  # fmt: skip
-        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}  # by greedy: argmax only, or the full sampling
 
     def stream(self, prompts: Sequence[Tensor], sampling: Sampling | Sequence[Sampling] = DEFAULT_SAMPLING
                ) -> Iterator[tuple[int, int]]:  # fmt: skip
@@ -145,7 +145,7 @@ class Engine:
                         active[slot] = request
             if not active:
                 continue
-            self._decode_step()
+            self._decode_step(greedy=all(r.sampling.temperature == 0 for r in active.values()))
             self.tokens[:, 0].copy_(self.next_tokens)  # on the device; finished and idle slots are ignored
             self.counters.add_(1)
             new_tokens = self.next_tokens.tolist()  # the one device sync per step
@@ -213,37 +213,41 @@ class Engine:
             request.finish_reason = "length"
         return token
 
-    def _step(self) -> None:
+    def _step(self, greedy: bool) -> None:
         """One token for every slot, in place: reads ``tokens`` and the state buffers, writes ``next_tokens`` and
-        the state buffers (what the CUDA graph captures)."""
+        the state buffers (what the CUDA graph captures). ``greedy``: every active slot is, so argmax suffices."""
         logits, state = self.model(self.tokens, state=self.states, return_state=True)
         for buffer, layer in zip(self.states, state, strict=True):
             for name, history in layer.conv.items():
                 buffer.conv[name].copy_(history)
             buffer.recurrent.copy_(layer.recurrent)
         self.positions.add_(1)
-        self.next_tokens.copy_(sample(logits[:, -1], self.temperature, self.top_k, self.top_p, self.seeds,
-                                      self.counters))  # fmt: skip
+        if greedy:
+            self.next_tokens.copy_(logits[:, -1].argmax(dim=-1))
+        else:
+            self.next_tokens.copy_(sample(logits[:, -1], self.temperature, self.top_k, self.top_p, self.seeds,
+                                          self.counters))  # fmt: skip
 
     @torch.no_grad()
-    def _decode_step(self) -> None:
+    def _decode_step(self, greedy: bool) -> None:
         if not self.cuda_graph:
-            self._step()
+            self._step(greedy)
             return
-        if self._graph is None:  # warm up on a side stream (kernels compile, allocator settles), then capture
+        if greedy not in self._graphs:  # warm up on a side stream (kernels compile, allocator settles), then capture
             saved = [(b.recurrent.clone(), {k: v.clone() for k, v in b.conv.items()}) for b in self.states]
             position = self.positions.clone()
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self._step()
+                self._step(greedy)
             torch.cuda.current_stream().wait_stream(side)
             for buffer, (recurrent, conv) in zip(self.states, saved, strict=True):  # undo the warm-up step
                 buffer.recurrent.copy_(recurrent)
                 for name, history in conv.items():
                     buffer.conv[name].copy_(history)
             self.positions.copy_(position)
-            self._graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self._graph):
-                self._step()
-        self._graph.replay()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._step(greedy)
+            self._graphs[greedy] = graph
+        self._graphs[greedy].replay()
