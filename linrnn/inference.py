@@ -4,8 +4,8 @@ A linear RNN's decode state has a fixed size, so every decode step has the same 
 keeps, for every layer, the short-conv histories ``[slots, C, W − 1]``, the recurrent state ``[slots, H, K, V]``
 and each slot's position. A request is prefilled alone (the chunkwise kernels) and its state copied into a free
 slot; then one step advances every slot by one token — embedding, every layer, readout, sampling — and, on CUDA,
-that step is one CUDA graph replay (captured on the first step, once for all-greedy steps and once for sampling). Slots finish and take the next request
-independently, without re-capturing.
+that step is one CUDA graph replay (captured on first use, once for all-greedy steps and once for sampling).
+Slots finish and take the next request independently, without re-capturing.
 
 Sampling is per request: greedy (``temperature = 0``), temperature, top-k, top-p, stop tokens, a token budget and
 a seed. The random draw for the n-th new token of a request is a function of (seed, n, token id) only — a
