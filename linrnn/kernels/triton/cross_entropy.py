@@ -41,9 +41,8 @@ def _cross_entropy_rows_kernel(logits, bias, targets, loss, V, row_stride, multi
             z += tl.load(bias + cols, mask=inside, other=0).to(tl.float32)
         z = tl.where(inside, z, float("-inf"))
         new_max = tl.maximum(running_max, z)
-        # lanes that have seen only -inf keep a sum of 0 (exp(-inf - -inf) would be NaN)
-        running_sum = tl.where(new_max == float("-inf"), 0.0,
-                               running_sum * tl.exp(running_max - new_max) + tl.exp(z - new_max))  # fmt: skip
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # lanes that saw only -inf: no -inf - -inf (NaN)
+        running_sum = running_sum * tl.exp(running_max - shift) + tl.exp(z - shift)
         running_max = new_max
         picked += tl.where(cols == target, z, 0.0)
     row_max = tl.max(running_max, axis=0)
