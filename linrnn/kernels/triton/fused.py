@@ -34,7 +34,15 @@ from torch import Tensor
 
 from linrnn.kernels.triton import new_output
 
-ROWS_PER_PROGRAM = 16
+TILE_ELEMENTS = 4096  # rows × padded columns per program: 32 fp32 values per thread and tensor at 4 warps
+
+
+def _row_block(dim: int) -> dict[str, int]:
+    """The launch's rows per program ``BR`` and padded row length ``BD`` for rows of ``dim`` elements."""
+    padded = triton.next_power_of_2(dim)
+    return {"BR": max(1, min(16, TILE_ELEMENTS // padded)), "BD": padded}
+
+
 SWIGLU_BLOCK = 1024
 
 
@@ -98,21 +106,22 @@ def gated_rms_norm_forward(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> 
     """x, z ``[B, T, H, D]`` (heads and channels dense) → ``[B, T, H, D]`` contiguous in x's dtype."""
     n_rows, heads, dim, x_stride = _rows(x)
     y = new_output(x.shape, x.dtype, x.device)
-    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
-    _gated_norm_fwd_kernel[grid](x, z, weight, y, n_rows, heads, x_stride, _rows(z)[3], eps, D=dim,
-                                 BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(dim))  # fmt: skip
+    block = _row_block(dim)
+    grid = (triton.cdiv(n_rows, block["BR"]),)
+    _gated_norm_fwd_kernel[grid](x, z, weight, y, n_rows, heads, x_stride, _rows(z)[3], eps, D=dim, **block)
     return y
 
 
 def gated_rms_norm_backward(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor, eps: float):
     """→ (dx in x's dtype, dz in z's dtype, both contiguous ``[B, T, H, D]``; dw ``[D]`` fp32)."""
     n_rows, heads, dim, x_stride = _rows(x)
-    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
+    block = _row_block(dim)
+    grid = (triton.cdiv(n_rows, block["BR"]),)
     dx = new_output(x.shape, x.dtype, x.device)
     dz = new_output(z.shape, z.dtype, z.device)
     dw_partial = new_output((grid[0], dim), torch.float32, x.device)
     _gated_norm_bwd_kernel[grid](x, z, weight, dy, dx, dz, dw_partial, n_rows, heads, x_stride, _rows(z)[3], eps,
-                                 D=dim, BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(dim))  # fmt: skip
+                                 D=dim, **block)  # fmt: skip
     return dx, dz, dw_partial.sum(0)
 
 
@@ -177,8 +186,8 @@ def l2_norm_forward(x: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
     dim = x.shape[-1]
     y = new_output(x.shape, dtype, x.device)
     n_rows = x.numel() // dim
-    _l2_norm_fwd_kernel[(triton.cdiv(n_rows, ROWS_PER_PROGRAM),)](x, y, n_rows, eps, D=dim, BR=ROWS_PER_PROGRAM,
-                                                                  BD=triton.next_power_of_2(dim))  # fmt: skip
+    block = _row_block(dim)
+    _l2_norm_fwd_kernel[(triton.cdiv(n_rows, block["BR"]),)](x, y, n_rows, eps, D=dim, **block)
     return y
 
 
@@ -186,8 +195,8 @@ def l2_norm_backward(dy: Tensor, x: Tensor, eps: float) -> Tensor:
     dim = x.shape[-1]
     dx = new_output(x.shape, x.dtype, x.device)
     n_rows = x.numel() // dim
-    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
-    _l2_norm_bwd_kernel[grid](x, dy, dx, n_rows, eps, D=dim, BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(dim))
+    block = _row_block(dim)
+    _l2_norm_bwd_kernel[(triton.cdiv(n_rows, block["BR"]),)](x, dy, dx, n_rows, eps, D=dim, **block)
     return dx
 
 
@@ -234,9 +243,9 @@ def rms_norm_forward(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float
     n_rows = x.numel() // dim
     y = new_output(x.shape, dtype, x.device)
     s = new_output(x.shape, x.dtype, x.device) if delta is not None else None
-    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
-    _rms_norm_fwd_kernel[grid](x, delta, weight, y, s, n_rows, eps, D=dim, BR=ROWS_PER_PROGRAM,
-                               BD=triton.next_power_of_2(dim), HAS_DELTA=delta is not None)  # fmt: skip
+    block = _row_block(dim)
+    grid = (triton.cdiv(n_rows, block["BR"]),)
+    _rms_norm_fwd_kernel[grid](x, delta, weight, y, s, n_rows, eps, D=dim, HAS_DELTA=delta is not None, **block)
     return y, s
 
 
@@ -245,11 +254,24 @@ def rms_norm_backward(dy: Tensor, ds_out: Tensor | None, s: Tensor, weight: Tens
     """s: the normalised input (x + delta, or x) → (dx in s's dtype, d delta in ``delta_dtype`` or None, dw fp32)."""
     dim = s.shape[-1]
     n_rows = s.numel() // dim
-    grid = (triton.cdiv(n_rows, ROWS_PER_PROGRAM),)
+    block = _row_block(dim)
+    grid = (triton.cdiv(n_rows, block["BR"]),)
     dx = new_output(s.shape, s.dtype, s.device)
     d_delta = new_output(s.shape, delta_dtype, s.device) if delta_dtype is not None else None
     dw_partial = new_output((grid[0], dim), torch.float32, s.device)
-    _rms_norm_bwd_kernel[grid](s, weight, dy, ds_out, dx, d_delta, dw_partial, n_rows, eps, D=dim,
-                               BR=ROWS_PER_PROGRAM, BD=triton.next_power_of_2(dim), HAS_DS_OUT=ds_out is not None,
-                               HAS_DELTA=delta_dtype is not None)  # fmt: skip
+    _rms_norm_bwd_kernel[grid](
+        s,
+        weight,
+        dy,
+        ds_out,
+        dx,
+        d_delta,
+        dw_partial,
+        n_rows,
+        eps,
+        D=dim,
+        HAS_DS_OUT=ds_out is not None,
+        HAS_DELTA=delta_dtype is not None,
+        **block,
+    )
     return dx, d_delta, dw_partial.sum(0)
