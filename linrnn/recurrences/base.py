@@ -6,9 +6,9 @@ and recurrence op → per-head gated RMSNorm → o_proj.
 
 A cell subclasses ``LinearRNNMixer``, adds its gate parameters in ``__init__``,
 names its op (``op``) and the gate projections that read x (``gate_inputs``), and
-implements ``gates``. All projections of x run as one GEMM (``project``). Decoding carries a ``MixerState``:
-the short-conv histories and the recurrent state, so step-by-step decoding
-equals the full forward.
+implements ``gates``. All projections of x run as one GEMM (``project``). Decoding
+carries a ``MixerState``: the short-conv histories and the recurrent state, so
+step-by-step decoding equals the full forward.
 """
 
 from __future__ import annotations
@@ -198,10 +198,10 @@ PROJECTION_ALIGNMENT = 64  # columns: the fused projection's rows stay 128-byte 
 
 
 class LinearRNNMixer(nn.Module):
-    """Token mixer shared by all cells; subclasses add gates and implement ``mix``."""
+    """Token mixer shared by all cells; subclasses add their gate parameters and implement ``gates``."""
 
     cell: str  # registry name, set by each subclass
-    op: staticmethod  # the cell's op in linrnn.ops, called as op(q, k, v, **gates(x, k, extra), **options)
+    op: staticmethod  # the cell's op in linrnn.ops, called as op(q, k, v, **gates(projected, k, extra), **options)
     extra_key_streams: tuple[str, ...] = ()  # e.g. ("a",): projected, convolved and L2-normed like k
     gate_inputs: tuple[str, ...] = ()  # the cell's projections of x (``<name>_proj``), in the layer's one GEMM
 
