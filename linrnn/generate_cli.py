@@ -17,8 +17,7 @@ import torch
 from linrnn.errors import UsageError
 from linrnn.inference import Engine, Sampling
 from linrnn.models import load_checkpoint
-
-BOS, EOS = "<s>", "</s>"  # the special tokens of linrnn's tokenizers (linrnn.training.data)
+from linrnn.training.data import BOS, EOS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

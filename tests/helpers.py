@@ -73,3 +73,9 @@ def assert_runs_match(actual, expected, rtol, atol=1e-13):
     assert actual[2].keys() == expected[2].keys()
     for name in expected[2]:
         assert_close(actual[2][name], expected[2][name], rtol, f"grad of {name}", atol)
+
+
+def nan_filled(shape, dtype, device):
+    """A stand-in for the kernels' ``new_output``: buffers start as NaN, so an element a kernel does not write
+    fails the comparison that follows."""
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)

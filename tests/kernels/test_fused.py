@@ -13,6 +13,7 @@ if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: set it first
 
 from linrnn.kernels.fused import gated_rms_norm, l2_normalize, rms_norm, swiglu  # noqa: E402
+from tests.helpers import nan_filled  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="needs triton"))]
@@ -46,9 +47,6 @@ def poisoned_outputs(monkeypatch):
     if not HAS_TRITON:
         return
     from linrnn.kernels.triton import fused as kernels
-
-    def nan_filled(shape, dtype, device):
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
     monkeypatch.setattr(kernels, "new_output", nan_filled)
 

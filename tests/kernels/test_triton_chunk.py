@@ -18,15 +18,13 @@ if importlib.util.find_spec("triton") is None:
 
 from linrnn import ops  # noqa: E402
 from linrnn.kernels.triton import chunk  # noqa: E402
-from tests.helpers import CELLS, assert_close, assert_runs_match, forward_backward, make_inputs  # noqa: E402
+from tests.helpers import CELLS, assert_close, assert_runs_match, forward_backward, make_inputs, nan_filled  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
     """Every output and gradient buffer starts as NaN, so an element the kernels do not write fails."""
-    monkeypatch.setattr(
-        chunk, "new_output", lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device)
-    )
+    monkeypatch.setattr(chunk, "new_output", nan_filled)
 
 
 def to_kernel(inputs, dtype):

@@ -17,7 +17,7 @@ if importlib.util.find_spec("triton") is None:
 
 from linrnn import ops  # noqa: E402
 from linrnn.kernels.triton import fused_recurrent  # noqa: E402
-from tests.helpers import CELLS, OPS, assert_close, make_inputs  # noqa: E402
+from tests.helpers import CELLS, OPS, assert_close, make_inputs, nan_filled  # noqa: E402
 
 
 def run(cell, inputs, **op_args):
@@ -28,11 +28,7 @@ def run(cell, inputs, **op_args):
 @pytest.fixture
 def poisoned_outputs(monkeypatch):
     """Every output buffer starts as NaN, so an element the kernel does not write fails the comparison."""
-    monkeypatch.setattr(
-        fused_recurrent,
-        "new_output",
-        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device),
-    )
+    monkeypatch.setattr(fused_recurrent, "new_output", nan_filled)
 
 
 @pytest.mark.usefixtures("poisoned_outputs")

@@ -24,6 +24,16 @@ BLOCK_V = 4096
 
 
 @triton.jit
+def _logits_block(base, bias, cols, V, multiplier, HAS_BIAS: tl.constexpr):
+    """``multiplier · x + bias`` (fp32) at columns ``cols`` of the row at ``base``; -inf past V."""
+    inside = cols < V
+    z = tl.load(base + cols, mask=inside, other=0).to(tl.float32) * multiplier
+    if HAS_BIAS:
+        z += tl.load(bias + cols, mask=inside, other=0).to(tl.float32)
+    return tl.where(inside, z, float("-inf"))
+
+
+@triton.jit
 def _cross_entropy_rows_kernel(logits, bias, targets, loss, V, row_stride, multiplier, ignore_index,
                                HAS_BIAS: tl.constexpr, WITH_GRAD: tl.constexpr, BV: tl.constexpr):  # fmt: skip
     row = tl.program_id(0)
@@ -35,11 +45,7 @@ def _cross_entropy_rows_kernel(logits, bias, targets, loss, V, row_stride, multi
     picked = tl.zeros([BV], dtype=tl.float32)
     for start in range(0, V, BV):
         cols = start + tl.arange(0, BV)
-        inside = cols < V
-        z = tl.load(base + cols, mask=inside, other=0).to(tl.float32) * multiplier
-        if HAS_BIAS:
-            z += tl.load(bias + cols, mask=inside, other=0).to(tl.float32)
-        z = tl.where(inside, z, float("-inf"))
+        z = _logits_block(base, bias, cols, V, multiplier, HAS_BIAS)
         new_max = tl.maximum(running_max, z)
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # lanes that saw only -inf: no -inf - -inf (NaN)
         running_sum = running_sum * tl.exp(running_max - shift) + tl.exp(z - shift)
@@ -51,13 +57,10 @@ def _cross_entropy_rows_kernel(logits, bias, targets, loss, V, row_stride, multi
     if WITH_GRAD:
         for start in range(0, V, BV):
             cols = start + tl.arange(0, BV)
-            inside = cols < V
-            z = tl.load(base + cols, mask=inside, other=0).to(tl.float32) * multiplier
-            if HAS_BIAS:
-                z += tl.load(bias + cols, mask=inside, other=0).to(tl.float32)
-            grad = tl.exp(z - lse) - tl.where(cols == target, 1.0, 0.0)
+            z = _logits_block(base, bias, cols, V, multiplier, HAS_BIAS)
+            grad = tl.exp(z - lse) - tl.where(cols == target, 1.0, 0.0)  # exp(-inf) = 0 past V
             grad = tl.where(valid, grad * multiplier, 0.0)
-            tl.store(base + cols, grad.to(base.dtype.element_ty), mask=inside)
+            tl.store(base + cols, grad.to(base.dtype.element_ty), mask=cols < V)
 
 
 def cross_entropy_rows(logits: Tensor, targets: Tensor, bias: Tensor | None, multiplier: float, ignore_index: int,

@@ -38,18 +38,26 @@ def _conv_pre(x, history, offset, weight, b, t, c, T, C, stride_b, stride_t, W: 
         position = t
     pre = tl.zeros([BT, BC], dtype=tl.float32)
     for j in tl.static_range(W):
-        lag = W - 1 - j
-        source = t - lag
-        inside = t_in & (lag <= position)
         tap = tl.load(weight + c * W + j, mask=c_in, other=0).to(tl.float32)
-        rows = b.to(tl.int64) * stride_b + source.to(tl.int64) * stride_t
-        value = tl.load(x + rows[:, None] + c[None, :], mask=inside[:, None] & c_in[None, :], other=0).to(tl.float32)
-        if HAS_HISTORY:  # taps before the sequence start read the history [B, C, W − 1]
-            before = t_in & (source < 0)
-            spot = (b * C + c[None, :]).to(tl.int64) * (W - 1) + (W - 1 + source)[:, None]
-            value += tl.load(history + spot, mask=before[:, None] & c_in[None, :], other=0).to(tl.float32)
+        value = _tap_input(x, history, b, t, c, t_in, c_in, position, C, stride_b, stride_t, W - 1 - j, W, HAS_HISTORY)
         pre += tap[None, :] * value
     return pre
+
+
+@triton.jit
+def _tap_input(x, history, b, t, c, t_in, c_in, position, C, stride_b, stride_t, lag, W: tl.constexpr,
+               HAS_HISTORY: tl.constexpr):  # fmt: skip
+    """``x[t − lag]`` (fp32) at rows t and channels c: from the history before the sequence start, 0 before the
+    token's document start (``position`` < lag) or outside ``t_in``/``c_in``."""
+    source = t - lag
+    inside = t_in & (lag <= position)
+    rows = b.to(tl.int64) * stride_b + source.to(tl.int64) * stride_t
+    value = tl.load(x + rows[:, None] + c[None, :], mask=inside[:, None] & c_in[None, :], other=0).to(tl.float32)
+    if HAS_HISTORY:  # taps before the sequence start read the history [B, C, W − 1]
+        before = t_in & (source < 0)
+        spot = (b * C + c[None, :]).to(tl.int64) * (W - 1) + (W - 1 + source)[:, None]
+        value += tl.load(history + spot, mask=before[:, None] & c_in[None, :], other=0).to(tl.float32)
+    return value
 
 
 @triton.jit
@@ -86,15 +94,7 @@ def _short_conv_bwd_pre_kernel(x, weight, history, offset, dy, d_pre, dw_partial
         position = t
     partial = dw_partial + ((b * tl.num_programs(0) + block_t) * C + c).to(tl.int64) * W
     for j in tl.static_range(W):
-        lag = W - 1 - j
-        source = t - lag
-        inside = t_in & (lag <= position)
-        rows = b.to(tl.int64) * stride_b + source.to(tl.int64) * stride_t
-        value = tl.load(x + rows[:, None] + c[None, :], mask=inside[:, None] & c_in[None, :], other=0).to(tl.float32)
-        if HAS_HISTORY:
-            before = t_in & (source < 0)
-            spot = (b * C + c[None, :]).to(tl.int64) * (W - 1) + (W - 1 + source)[:, None]
-            value += tl.load(history + spot, mask=before[:, None] & c_in[None, :], other=0).to(tl.float32)
+        value = _tap_input(x, history, b, t, c, t_in, c_in, position, C, stride_b, stride_t, W - 1 - j, W, HAS_HISTORY)
         tl.store(partial + j, tl.sum(grad_pre * value, axis=0), mask=c_in)
 
 
