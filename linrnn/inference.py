@@ -2,9 +2,10 @@
 
 A linear RNN's decode state has a fixed size, so every decode step has the same shapes. ``Engine(model, slots)``
 keeps, for every layer, the short-conv histories ``[slots, C, W − 1]``, the recurrent state ``[slots, H, K, V]``
-and each slot's position. A request is prefilled alone (the chunkwise kernels) and its state copied into a free
-slot; then one step advances every slot by one token — embedding, every layer, readout, sampling — and, on CUDA,
-that step is one CUDA graph replay (captured on first use, once for all-greedy steps and once for sampling).
+and each slot's position, and the layers update them in place (``MixerState.in_place``): a request is prefilled
+alone (the chunkwise kernels) into a free slot's rows, then one step advances every slot by one token (the fused
+recurrent kernel reads and writes each slot's state once) — embedding, every layer, readout, sampling — and, on
+CUDA, that step is one CUDA graph replay (captured on first use, once for all-greedy steps and once for sampling).
 Slots finish and take the next request independently, without re-capturing.
 
 Sampling is per request: greedy (``temperature = 0``), temperature, top-k, top-p, stop tokens, a token budget and
@@ -114,7 +115,7 @@ class Engine:
         with torch.no_grad():  # the state buffers: shapes and dtypes of a real step's, zeroed
             _, state = model(self.tokens, return_state=True)
         self.states = [MixerState(conv={k: torch.zeros_like(v) for k, v in layer.conv.items()},
-                                  recurrent=torch.zeros_like(layer.recurrent), position=self.positions)
+                                  recurrent=torch.zeros_like(layer.recurrent), position=self.positions, in_place=True)
                        for layer in state]  # fmt: skip
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}  # by greedy: argmax only, or the full sampling
 
@@ -177,17 +178,18 @@ class Engine:
 
     @torch.no_grad()
     def _prefill(self, slot: int, request: Request) -> int | None:
-        """Runs the prompt alone, copies its state into ``slot``, samples the first token (None if the request
-        ends without one)."""
+        """Runs the prompt alone, its state written into ``slot``'s rows of the buffers; samples the first token
+        (None if the request ends without one)."""
         setting = request.sampling
         if setting.max_new_tokens == 0:
             request.finish_reason = "length"
             return None
-        logits, state = self.model(request.prompt[None], return_state=True)
-        for buffer, layer in zip(self.states, state, strict=True):
-            for name, history in layer.conv.items():
-                buffer.conv[name][slot].copy_(history[0])
-            buffer.recurrent[slot].copy_(layer.recurrent[0])
+        slot_states = []  # the slot's rows of the buffers, zeroed: the layers write the prompt's state into them
+        for buffer in self.states:
+            conv = {name: history[slot : slot + 1].zero_() for name, history in buffer.conv.items()}
+            slot_states.append(MixerState(conv, buffer.recurrent[slot : slot + 1].zero_(), position=0, in_place=True))
+        hidden, _ = self.model.hidden_states(request.prompt[None], slot_states, return_state=True)
+        logits = self.model.readout(hidden[:, -1:])
         self.positions[slot] = request.prompt.shape[0]
         self.seeds[slot] = setting.seed
         self.counters[slot] = 0
@@ -216,11 +218,7 @@ class Engine:
     def _step(self, greedy: bool) -> None:
         """One token for every slot, in place: reads ``tokens`` and the state buffers, writes ``next_tokens`` and
         the state buffers (what the CUDA graph captures). ``greedy``: every active slot is, so argmax suffices."""
-        logits, state = self.model(self.tokens, state=self.states, return_state=True)
-        for buffer, layer in zip(self.states, state, strict=True):
-            for name, history in layer.conv.items():
-                buffer.conv[name].copy_(history)
-            buffer.recurrent.copy_(layer.recurrent)
+        logits, _ = self.model(self.tokens, state=self.states, return_state=True)  # updates self.states in place
         self.positions.add_(1)
         if greedy:
             self.next_tokens.copy_(logits[:, -1].argmax(dim=-1))

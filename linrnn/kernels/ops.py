@@ -21,7 +21,7 @@ import functools
 import importlib.util
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -53,6 +53,7 @@ class _Options:
     backend: str
     chunk_size: int | None
     check_values: bool
+    update_state_in_place: bool = False
 
 
 def recurrence(
@@ -71,6 +72,7 @@ def recurrence(
     backend: str = "auto",
     chunk_size: int | None = None,
     check_values: bool = False,
+    update_state_in_place: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """The generalized recurrence every cell is a case of::
 
@@ -91,9 +93,14 @@ def recurrence(
         chunk_size: chunk length of the chunkwise backends (default 32).
         check_values: also check gate values (finite, g ≤ 0, beta in [0, 2]); reads tensor contents,
             so it costs a device sync. Always on with backend="reference".
+        update_state_in_place: write the final state into ``initial_state`` (required: contiguous, fp32, fp64
+            for fp64 inputs, no autograd) and return it as the final state. Decoding engines keep one state buffer
+            per slot; the fused recurrent kernel then reads and writes it in one pass, without a second buffer.
     """
     op = "linrnn.ops.recurrence"
-    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    options = _Options(
+        scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values, update_state_in_place
+    )
     if not erase and e is not None:
         fail(op, "argument 'e' must be None when erase=False, got a tensor")
     _check(op, q, k, v, options, g=g, g_kind="any", beta=beta, e=e)
@@ -102,47 +109,57 @@ def recurrence(
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        backend="auto", chunk_size=None, check_values=False):  # fmt: skip
+        backend="auto", chunk_size=None, check_values=False, update_state_in_place=False):  # fmt: skip
     """Gated linear attention: ``S_t = Diag(exp g_t) S_{t−1} + k_t v_tᵀ``; g ``[B, T, H, K]``.
     Options as in ``recurrence``."""
     op = "linrnn.ops.gla"
-    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    options = _Options(
+        scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values, update_state_in_place
+    )
     _check(op, q, k, v, options, g=g, g_kind="channel")
     return _dispatch(op, q, k, v, None, g, None, options)
 
 
 def delta_rule(q, k, v, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-               backend="auto", chunk_size=None, check_values=False):  # fmt: skip
+               backend="auto", chunk_size=None, check_values=False, update_state_in_place=False):  # fmt: skip
     """DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ``; beta ``[B, T, H]``.
     Options as in ``recurrence``."""
     op = "linrnn.ops.delta_rule"
-    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    options = _Options(
+        scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values, update_state_in_place
+    )
     _check(op, q, k, v, options, beta=beta, beta_required=True)
     return _dispatch(op, q, k, v, k, None, beta, options)
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, backend="auto", chunk_size=None, check_values=False):  # fmt: skip
+                     cu_seqlens=None, backend="auto", chunk_size=None, check_values=False,
+                     update_state_in_place=False):  # fmt: skip
     """Gated DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) exp(g_t) S_{t−1} + β_t k_t v_tᵀ``; g, beta ``[B, T, H]``.
     Options as in ``recurrence``."""
     op = "linrnn.ops.gated_delta_rule"
-    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    options = _Options(
+        scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values, update_state_in_place
+    )
     _check(op, q, k, v, options, g=g, g_kind="head", beta=beta, beta_required=True)
     return _dispatch(op, q, k, v, k, g, beta, options)
 
 
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        backend="auto", chunk_size=None, check_values=False):  # fmt: skip
+        backend="auto", chunk_size=None, check_values=False, update_state_in_place=False):  # fmt: skip
     """Kimi Delta Attention: GDN with per-channel decay, g ``[B, T, H, K]``, beta ``[B, T, H]``.
     Options as in ``recurrence``."""
     op = "linrnn.ops.kda"
-    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    options = _Options(
+        scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values, update_state_in_place
+    )
     _check(op, q, k, v, options, g=g, g_kind="channel", beta=beta, beta_required=True)
     return _dispatch(op, q, k, v, k, g, beta, options)
 
 
 def gammanet(q, k, v, a, g, beta, log_gamma, *, scale=None, initial_state=None, output_final_state=False,
-             cu_seqlens=None, backend="auto", chunk_size=None, check_values=False):  # fmt: skip
+             cu_seqlens=None, backend="auto", chunk_size=None, check_values=False,
+             update_state_in_place=False):  # fmt: skip
     """GammaNet (seed 003) in FLA orientation, Γ = Diag(exp log_gamma) per head::
 
         S_t = (I − β_t Γ a_t a_tᵀ Γ⁻¹) Diag(exp g_t) S_{t−1} + β_t k_t v_tᵀ,   o_t = S_tᵀ (scale · q_t)
@@ -156,7 +173,9 @@ def gammanet(q, k, v, a, g, beta, log_gamma, *, scale=None, initial_state=None, 
     States in and out are always the true ``S``.
     """
     op = "linrnn.ops.gammanet"
-    options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values)
+    options = _Options(
+        scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values, update_state_in_place
+    )
     _check(op, q, k, v, options, g=g, g_kind="channel", beta=beta, beta_required=True, e=a, e_name="a")
     check_tensor(op, "log_gamma", log_gamma, [q.shape[2], q.shape[3]], "[H, K]")
     check_same(op, {"q": q, "log_gamma": log_gamma}, "device")
@@ -194,6 +213,19 @@ def _check(op, q, k, v, options, *, g=None, g_kind=None, beta=None, beta_require
     if initial_state is not None:
         expected = [sequences, heads, key_dim, v.shape[-1]]
         check_tensor(op, "initial_state", initial_state, expected, "[N, H, K, V] (N = B, or sequences in cu_seqlens)")
+    if options.update_state_in_place:
+        _check_state_buffer(op, initial_state, compute_dtype(q.dtype), (q, k, v, e, g, beta))
+
+
+def _check_state_buffer(op, state, dtype, tensors) -> None:
+    """``update_state_in_place``: the initial state is the buffer the final state is written into."""
+    if state is None:
+        fail(op, "update_state_in_place=True needs argument 'initial_state' (the buffer to update), got None")
+    if state.dtype != dtype or not state.is_contiguous():
+        fail(op, f"update_state_in_place=True needs a contiguous {dtype} 'initial_state', got "
+                 f"{'a contiguous' if state.is_contiguous() else 'a non-contiguous'} {state.dtype} tensor")  # fmt: skip
+    if _needs_grad((*tensors, state)):
+        fail(op, "update_state_in_place=True is for inference: no input may require grad while autograd is on")
 
 
 def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
@@ -222,7 +254,14 @@ def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
     ):
         from linrnn.kernels.triton.fused_recurrent import fused_recurrent_fwd
 
+        if options.update_state_in_place:  # each program reads its state tile before it writes it
+            return fused_recurrent_fwd(q, w, v, e, g, beta, log_gamma=log_gamma, final_state=args["initial_state"],
+                                       **{**args, "output_final_state": True})  # fmt: skip
         return fused_recurrent_fwd(q, w, v, e, g, beta, log_gamma=log_gamma, **args)
+    if options.update_state_in_place:
+        o, final = _dispatch(op, q, w, v, e, g, beta, replace(options, update_state_in_place=False,
+                                                              output_final_state=True), log_gamma)  # fmt: skip
+        return o, options.initial_state.copy_(final)
 
     out_dtype = v.dtype
     if log_gamma is not None:  # the fold identity: run on Γ⁻¹S with query Γq, write key Γ⁻¹k, erase e

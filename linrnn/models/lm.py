@@ -117,12 +117,17 @@ class LanguageModel(nn.Module):
         positions: Tensor | None = None,
     ):
         hidden, new_state = self.hidden_states(input_ids, state, return_state, positions)
+        logits = self.readout(hidden)
+        return (logits, new_state) if return_state else logits
+
+    def readout(self, hidden: Tensor) -> Tensor:
+        """Logits ``[..., vocab]`` from final-norm outputs ``[..., hidden]`` (``hidden_states``)."""
         logits = self.lm_head(hidden)
         if self.config.logit_multiplier != 1:
             logits = logits * self.config.logit_multiplier
         if self.logit_bias is not None:
             logits = logits + self.logit_bias
-        return (logits, new_state) if return_state else logits
+        return logits
 
     def loss(self, input_ids: Tensor, targets: Tensor, positions: Tensor | None = None, ignore_index: int = -100,
              reduction: str = "mean") -> Tensor:  # fmt: skip

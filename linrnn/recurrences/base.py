@@ -75,11 +75,15 @@ class MixerConfig(MixerOptions):
 @dataclass
 class MixerState:
     """Carried between calls: short-conv histories ``[B, C, W−1]`` per stream, recurrent state ``[B, H, K, V]``, and
-    the number of tokens seen (RoPE's position): an int, or a ``[B]`` tensor when rows are at different positions."""
+    the number of tokens seen (RoPE's position): an int, or a ``[B]`` tensor when rows are at different positions.
+
+    ``in_place``: the state is a set of buffers (a decoding engine's slots) that the layer updates in place and
+    returns; its ``position`` is left to the caller to advance. Inference only (no autograd)."""
 
     conv: dict[str, Tensor] = field(default_factory=dict)
     recurrent: Tensor | None = None
     position: int | Tensor = 0
+    in_place: bool = False
 
 
 @dataclass
@@ -210,6 +214,7 @@ class LinearRNNMixer(nn.Module):
         self.config = config
         self.probes: dict[str, Tensor] | None = None  # a dict to fill on each forward (linrnn.parametrizations)
         self.gate_stats: dict[str, Tensor] | None = None  # a dict: each forward leaves mean β and mean decay there
+        self._fused_projection = None  # (parameter identity, (weight, bias)) of project's GEMM, inference only
         hidden, heads = config.hidden_size, config.num_heads
         self.num_heads, self.head_k_dim, self.head_v_dim = heads, config.head_k_dim, config.head_v_dim
         key_width, value_width = heads * self.head_k_dim, heads * self.head_v_dim
@@ -282,19 +287,37 @@ class LinearRNNMixer(nn.Module):
                  for name, module in projections.items()}  # fmt: skip
         widths = [linear.out_features for linear in first.values()]
         padding = -sum(widths) % PROJECTION_ALIGNMENT
-        weights = [linear.weight for linear in first.values()]
-        weight = torch.cat([*weights, weights[0].new_zeros(padding, weights[0].shape[1])])
-        bias = None
-        if any(linear.bias is not None for linear in first.values()):
-            biases = [linear.weight.new_zeros(linear.out_features) if linear.bias is None else linear.bias
-                      for linear in first.values()]  # fmt: skip
-            bias = torch.cat([*biases, biases[0].new_zeros(padding)])
+        weight, bias = self._projection_weight(list(first.values()), padding)
         outputs = F.linear(x, weight, bias).split([*widths, padding], dim=-1)
         projected = dict(zip(first, outputs[: len(widths)], strict=True))
         for name, module in projections.items():
             if isinstance(module, nn.Sequential):
                 projected[name] = module[1:](projected[name])
         return projected
+
+    def _projection_weight(self, linears: list[nn.Linear], padding: int) -> tuple[Tensor, Tensor | None]:
+        """The concatenated, zero-padded weight (and bias) of ``project``. Without autograd (inference) it is kept
+        until a parameter changes (its storage or version counter) or autograd is on again, so a decode step does
+        not copy the weights."""
+        key = None
+        if not torch.compiler.is_compiling():
+            if torch.is_grad_enabled():
+                self._fused_projection = None  # training again: free the inference copy
+            else:
+                parameters = [p for linear in linears for p in (linear.weight, linear.bias) if p is not None]
+                key = tuple((p.data_ptr(), p._version, p.dtype) for p in parameters)
+                if self._fused_projection is not None and self._fused_projection[0] == key:
+                    return self._fused_projection[1]
+        weights = [linear.weight for linear in linears]
+        weight = torch.cat([*weights, weights[0].new_zeros(padding, weights[0].shape[1])])
+        bias = None
+        if any(linear.bias is not None for linear in linears):
+            biases = [linear.weight.new_zeros(linear.out_features) if linear.bias is None else linear.bias
+                      for linear in linears]  # fmt: skip
+            bias = torch.cat([*biases, biases[0].new_zeros(padding)])
+        if key is not None:
+            self._fused_projection = (key, (weight, bias))
+        return weight, bias
 
     def streams(self, projected: dict[str, Tensor], state: MixerState | None = None,
                 documents: Documents | None = None):  # fmt: skip
@@ -328,6 +351,7 @@ class LinearRNNMixer(nn.Module):
         projected = self.project(x)
         q, k, v, extra, new_history = self.streams(projected, state, documents)
         position = state.position if state is not None else 0
+        in_place = state is not None and state.in_place
         gates = self.gates(projected, k, extra)
         if self.gate_stats is not None:  # training metrics; tensors, so reading them is the only sync
             self.gate_stats.update({"beta": gates["beta"].detach().mean()} if "beta" in gates else {})
@@ -342,6 +366,7 @@ class LinearRNNMixer(nn.Module):
             cu_seqlens=None if documents is None else documents.cu_seqlens,
             backend=self.config.backend,
             chunk_size=self.config.chunk_size,
+            update_state_in_place=in_place,
         )
         gate = rearrange(projected["g"], "b t (h d) -> b t h d", h=self.num_heads)
         if self.config.output_multiplier != 1:
@@ -349,6 +374,10 @@ class LinearRNNMixer(nn.Module):
         if self.probes is not None:  # coordinate check: what the recurrence saw and returned
             self.probes.update(gates, q=q, o=o, state=recurrent)
         y = self.o_proj(rearrange(self.o_norm(o, gate, self.config.backend), "b t h d -> b t (h d)"))
+        if in_place:
+            for name, history in new_history.items():
+                state.conv[name].copy_(history)
+            return y, state
         if not output_state:
             return y, None
         return y, MixerState(conv=new_history, recurrent=recurrent, position=position + x.shape[1])

@@ -68,3 +68,35 @@ def test_triton_backend_errors():
     wide = make_inputs("deltanet", B=1, T=2, H=1, K=300, V=8, dtype=torch.float32)
     with pytest.raises(ValueError, match="backend 'triton' supports K and V up to 256, got K = 300, V = 8"):
         ops.delta_rule(**{n: x.float().to(DEVICE) for n, x in wide.items()}, backend="triton")
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend, T", [("triton", 5), ("torch", 5), ("triton", 70)], ids=["fused", "torch", "chunk"])
+@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])
+def test_update_state_in_place(cell, backend, T):
+    """The final state is written into the initial-state buffer (the fused kernel reads each tile before it writes
+    it; the other paths copy) and returned; it equals the fp64 reference."""
+    inputs = make_inputs(cell, B=2, T=T, H=2, K=16, V=24, initial_state=True, dtype=torch.float32, seed=T)
+    inputs = {n: x.float() for n, x in inputs.items()}
+    expected = OPS[cell](**{n: x.double() for n, x in inputs.items()}, output_final_state=True, backend="reference")
+    with torch.no_grad():
+        moved = {n: x.to(DEVICE) for n, x in inputs.items()}
+        buffer = moved["initial_state"]
+        o, final = OPS[cell](**moved, backend=backend, update_state_in_place=True)
+    assert final is buffer
+    assert_close(o.cpu(), expected[0], 1e-5, "output")
+    assert_close(buffer.cpu(), expected[1], 1e-5, "state buffer")
+
+
+def test_update_state_in_place_errors():
+    inputs = {
+        n: x.float().to(DEVICE) for n, x in make_inputs("kda", B=1, T=3, H=1, K=8, V=8, initial_state=True).items()
+    }
+    without = {n: x for n, x in inputs.items() if n != "initial_state"}
+    with pytest.raises(ValueError, match="needs argument 'initial_state'"):
+        ops.kda(**without, update_state_in_place=True)
+    with pytest.raises(ValueError, match="contiguous torch.float32 'initial_state', got a non-contiguous"):
+        state = inputs["initial_state"].transpose(-1, -2).contiguous().transpose(-1, -2)
+        ops.kda(**without, initial_state=state, update_state_in_place=True)
+    with pytest.raises(ValueError, match="is for inference"):
+        ops.kda(**{**inputs, "v": inputs["v"].requires_grad_()}, update_state_in_place=True)

@@ -131,3 +131,28 @@ def test_one_projection_gemm_equals_the_modules(cell):
         assert (fused_grad is None) == (separate_grad is None)
         if fused_grad is not None:
             torch.testing.assert_close(fused_grad, separate_grad, rtol=1e-12, atol=1e-12)
+
+
+def test_inference_projection_weight_follows_the_parameters():
+    """Without autograd ``project`` keeps its concatenated weight between calls; an optimizer-style in-place
+    update or ``load_state_dict`` must still be seen, and a training forward frees the copy."""
+    torch.manual_seed(3)
+    mixer = linrnn.build_model("gated_deltanet", preset="byte-tiny", num_layers=1).double().layers[0].mixer
+    x = torch.randn(1, 5, mixer.config.hidden_size, dtype=torch.float64)
+
+    def separate():
+        return {name: module(x) for name, module in mixer.input_projections().items()}
+
+    with torch.no_grad():
+        first = mixer.project(x)
+        assert mixer._fused_projection is not None
+        mixer.k_proj.weight.mul_(-0.5)  # what optimizer.step does
+        second = mixer.project(x)
+        torch.testing.assert_close(second["k"], separate()["k"], rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(first["k"], second["k"])
+        state = {n: torch.randn_like(p) for n, p in mixer.state_dict().items()}
+        mixer.load_state_dict(state)
+        for name, y in mixer.project(x).items():
+            torch.testing.assert_close(y, separate()[name], rtol=1e-12, atol=1e-12)
+    mixer.project(x)
+    assert mixer._fused_projection is None

@@ -92,6 +92,7 @@ def fused_recurrent_fwd(
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
+    final_state: Tensor | None = None,
     block_v: int | None = None,
     num_warps: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
@@ -101,6 +102,8 @@ def fused_recurrent_fwd(
     folded inside the kernel (see ``ops.gammanet``). Inputs must be validated already (``ops`` does);
     K and V up to 256. Outputs: o in ``v``'s dtype, final state fp32. ``block_v`` (value columns per
     program) and ``num_warps`` override the launch shape (benchmarks/tune_fused_recurrent.py).
+    ``final_state``: a contiguous fp32 ``[N, H, K, V]`` buffer to write the final state into; it may be
+    ``initial_state`` itself (each program loads its tile before it stores it).
     """
     batch, steps, heads, key_dim = q.shape
     value_dim = v.shape[-1]
@@ -109,7 +112,9 @@ def fused_recurrent_fwd(
     q, w, v = (x.contiguous() for x in (q, w, v))
     e = None if e is None else e.contiguous()
     o = new_output((batch, steps, heads, value_dim), v.dtype, v.device)
-    final = new_output((sequences, heads, key_dim, value_dim), torch.float32, v.device) if output_final_state else None
+    final = final_state
+    if final is None and output_final_state:
+        final = new_output((sequences, heads, key_dim, value_dim), torch.float32, v.device)
     decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
     block_k = triton.next_power_of_2(key_dim)
     block_v = block_v or min(16, triton.next_power_of_2(value_dim))  # 16 x 1 warp: fastest on H200 (RESULTS.md)
@@ -121,7 +126,7 @@ def fused_recurrent_fwd(
         scale, steps,
         H=heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v,
         DECAY=decay, ERASE=e is not None, HAS_BETA=beta is not None, HAS_GAMMA=log_gamma is not None,
-        USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=output_final_state,
+        USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=final is not None,
         IS_VARLEN=cu_seqlens is not None,
         num_warps=num_warps or 1,
     )  # fmt: skip
