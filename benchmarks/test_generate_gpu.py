@@ -7,7 +7,8 @@ Run on the GPU machine (``bash scripts/gpu_generate.sh``)::
     python benchmarks/report.py generate.json
 
 Settings (batch, prompt tokens, new tokens): (1, 512, 128) for the latency, (32, 4096, 128) and (256, 4096, 64)
-for the throughput; ``GENERATE_BENCH_SETTINGS`` as ``BxPxN,...``. Models in ``GENERATE_BENCH_MODELS``. Each test
+for the throughput; ``GENERATE_BENCH_SETTINGS`` as ``BxPxN,...``. Models in ``GENERATE_BENCH_MODELS``; tests that
+would start after ``GENERATE_BENCH_DEADLINE`` (epoch seconds) skip. Each test
 times the whole call (prefill + decode) and a prefill-only call (one new token); the decode rate is
 ``batch · (new − 1) / (whole − prefill)`` and the step time its inverse at batch 1. Reported (``extra_info``):
 ms per decode step, decode tokens/s, prefill seconds, peak GiB, and the bytes of decode state per sequence
@@ -32,6 +33,7 @@ DEVICE = os.environ.get("GENERATE_BENCH_DEVICE", "cuda")
 _SETTINGS = os.environ.get("GENERATE_BENCH_SETTINGS", "1x512x128,32x4096x128,256x4096x64")
 SETTINGS = [tuple(map(int, s.split("x"))) for s in _SETTINGS.split(",")]
 MODELS = os.environ.get("GENERATE_BENCH_MODELS", "linrnn_gdn,linrnn_kda,llama,fla_gdn,fla_kda").split(",")
+DEADLINE = float(os.environ.get("GENERATE_BENCH_DEADLINE", "inf"))  # epoch seconds: later tests skip
 VOCAB, HIDDEN, LAYERS, HEADS, MLP = (32000, 1024, 21, 6, 2816) if DEVICE == "cuda" else (512, 64, 2, 2, 128)
 LLAMA_LAYERS, LLAMA_HEADS = (24, 16) if DEVICE == "cuda" else (2, 4)
 CELLS = {"gdn": "gated_deltanet", "kda": "kda"}
@@ -107,6 +109,8 @@ def synchronize():
 @pytest.mark.parametrize("name", MODELS)
 def test_generate(benchmark, name, setting):
     batch, prompt, new = setting
+    if time.time() > DEADLINE:
+        pytest.skip("GENERATE_BENCH_DEADLINE passed (a benchmark cut short writes no results at all)")
     torch.manual_seed(0)
     run, info = build(name, batch, prompt)
     ids = torch.randint(1, VOCAB, (batch, prompt), device=DEVICE)

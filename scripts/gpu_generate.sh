@@ -3,7 +3,8 @@
 # Carry .whl (pydantic and its dependencies, einops, fla-core 0.6.0 and flash-linear-attention 0.6.0; transformers
 # is on the machine) and .triton_cache.tgz when there is one.
 # Usage: bash scripts/gpu_generate.sh [more pytest arguments]; GENERATE_BENCH_MODELS, GENERATE_BENCH_SETTINGS (the
-# test module's docstring), GENERATE_BENCH_SECONDS (default 540). Writes $OUT/generate.json, $OUT/generate.log.
+# test module's docstring), GENERATE_BENCH_SECONDS (default 540) bounds the run, and no test starts in its last
+# GENERATE_BENCH_MARGIN seconds (default 120). Writes $OUT/generate.json, $OUT/generate.log.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 out="${OUT:-/tmp}"
@@ -12,7 +13,9 @@ export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1 TRITON_ST
 mkdir -p "$TRITON_CACHE_DIR"
 if [ -f .triton_cache.tgz ]; then tar xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"; fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout -k 20 "${GENERATE_BENCH_SECONDS:-540}" python3 -m pytest -q -p no:cacheprovider benchmarks/test_generate_gpu.py \
+seconds="${GENERATE_BENCH_SECONDS:-540}"
+export GENERATE_BENCH_DEADLINE=$(($(date +%s) + seconds - ${GENERATE_BENCH_MARGIN:-120}))  # no test starts later
+timeout -k 20 "$seconds" python3 -m pytest -q -p no:cacheprovider benchmarks/test_generate_gpu.py \
   --benchmark-only --benchmark-json="$out/generate.json" --benchmark-columns=median,rounds "$@" > "$out/generate.log" 2>&1 \
   || tail -40 "$out/generate.log"
 python3 benchmarks/report.py "$out/generate.json" || echo "no benchmark results"

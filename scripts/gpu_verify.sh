@@ -16,11 +16,11 @@ cases=(varlen "varlen, no initial state" "extreme gates")
 check_s="${VERIFY_CHECK_S:-300}"
 timeout -k 10 "$check_s" python3 scripts/check_triton_chunk.py --only small --cells gammanet --dtypes fp32 \
   --cases "${cases[@]}" --max-seconds $((check_s - 90)) > "$out/check.log" 2>&1 &
-pytest=(python3 -m pytest -q -p no:cacheprovider -p no:warnings)
+pytest=(python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -p no:warnings)
 timeout -k 10 200 "${pytest[@]}" tests/kernels/test_short_conv.py tests/kernels/test_fused.py \
   tests/models/test_loss.py::test_triton_rows_kernel_matches_cross_entropy > "$out/tests.log" 2>&1
 tail -3 "$out/tests.log"
-timeout -k 10 300 "${pytest[@]}" -m gpu tests/models/test_compile.py tests/models/test_inference.py \
+timeout -k 10 420 "${pytest[@]}" -m gpu tests/models/test_compile.py tests/models/test_inference.py \
   tests/models/test_packed_documents.py > "$out/tests_gpu.log" 2>&1
 tail -15 "$out/tests_gpu.log"
 wait
