@@ -9,9 +9,10 @@ One step: forward under bf16 autocast with fp32 parameters, the mean next-token 
 clipping at 1.0, fused AdamW — the same loop for every model, at ~340M parameters: vocab 32000, hidden 1024,
 SwiGLU 2816, tied embeddings; linrnn and FLA with 21 layers of 6 heads (K = 128, V = 256), the Llama with 24
 layers of 16 heads (SDPA). linrnn's loss is ``LanguageModel.loss`` (no ``[B, T, vocab]`` logits); "compiled" is
-``torch.compile(model.loss, fullgraph=True)``. FLA and the Llama compute their loss from the logits as their
-``labels=`` path does. Shapes B×T ∈ {4×4096, 1×16384} (``MODEL_BENCH_SHAPES``); models in ``MODEL_BENCH_MODELS``;
-tests that would start after ``MODEL_BENCH_DEADLINE`` (epoch seconds) skip.
+``torch.compile(model.loss, fullgraph=True)``, "graphed" the same with ``mode="reduce-overhead"`` (CUDA graphs). FLA
+and the Llama compute their loss from the logits as their ``labels=`` path does. Shapes B×T ∈ {4×4096, 1×16384}
+(``MODEL_BENCH_SHAPES``); models in ``MODEL_BENCH_MODELS``; tests that would start after ``MODEL_BENCH_DEADLINE``
+(epoch seconds) skip.
 Reported per test (``extra_info``): tokens/s at the median step, peak allocated GiB over the timed steps,
 parameter count, the first and last loss. ``MODEL_BENCH_PROFILE_DIR=DIR`` also writes a profiler table of two more
 steps per test there. FLA 0.6.0 refuses its gated backward on Hopper with triton < 3.7.1
@@ -36,7 +37,7 @@ DEVICE = os.environ.get("MODEL_BENCH_DEVICE", "cuda")
 SHAPES = [tuple(map(int, s.split("x"))) for s in os.environ.get("MODEL_BENCH_SHAPES", "4x4096,1x16384").split(",")]
 MODELS = os.environ.get(
     "MODEL_BENCH_MODELS",
-    "linrnn_gdn,linrnn_gdn_compiled,fla_gdn,llama,linrnn_kda,linrnn_kda_compiled,fla_kda,"
+    "linrnn_gdn,linrnn_gdn_compiled,linrnn_gdn_graphed,fla_gdn,llama,linrnn_kda,linrnn_kda_compiled,fla_kda,"
     "linrnn_gammanet,linrnn_gammanet_compiled",
 ).split(",")
 ROUNDS = int(os.environ.get("MODEL_BENCH_ROUNDS", "8"))
@@ -84,12 +85,22 @@ def llama_model(steps: int):
 
 def build(name: str, steps: int):
     """(model, loss(input_ids, targets), extra_info)."""
-    family, cell, *mode = name.split("_")
+    family, *rest = name.split("_")  # linrnn_<cell>[_compiled], fla_<cell>, llama
+    cell, mode = (rest[0], rest[1:]) if rest else (None, [])
     if family == "linrnn":
         model = linrnn_model(CELLS[cell])
         if mode == ["compiled"]:
             torch._dynamo.reset()  # a fresh cache per test: another shape would otherwise recompile as dynamic
             return model, torch.compile(model.loss, fullgraph=True, dynamic=False), {}
+        if mode == ["graphed"]:  # the compiled step replayed as CUDA graphs: no per-kernel host work
+            torch._dynamo.reset()
+            compiled = torch.compile(model.loss, fullgraph=True, dynamic=False, mode="reduce-overhead")
+
+            def graphed_loss(ids, targets):
+                torch.compiler.cudagraph_mark_step_begin()
+                return compiled(ids, targets)
+
+            return model, graphed_loss, {}
         loss = model.loss
         return model, loss, {}
     if family == "fla":
@@ -130,7 +141,7 @@ def test_training_step(benchmark, name, shape):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        losses.append(loss.detach().clone())  # a CUDA-graph output is overwritten by the next replay
         if DEVICE == "cuda":
             torch.cuda.synchronize()
 
