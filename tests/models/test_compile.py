@@ -149,8 +149,12 @@ def test_triton_model_compiles_and_equals_eager():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cell", CELLS)
 def test_inductor_bf16_on_gpu_equals_eager(cell):
-    """On CUDA with the Triton kernels, bf16 autocast: inductor's compiled model against eager, logits and every
-    parameter gradient within 1e-2 relative (the issue's bar: bf16 rounding in different places)."""
+    """On CUDA with the Triton kernels, bf16 autocast: inductor's compiled model against eager, logits within 1e-2
+    relative, and every parameter gradient as close to the fp32 model's as the eager bf16 one is (at most 1.5× its
+    error, plus 5e-3). Compared directly, compiled and eager bf16 gradients differ by their rounding in different
+    places; where a gradient is a difference of nearly cancelling sums (GammaNet's ``log_gamma``, KDA's ``A_log``)
+    that alone reached 3–4e-2 on the CPU's torch path (``scripts/compile_parity.py --cpu``), with eager bf16 as far
+    from fp32. The fp32 model is the common reference."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = linrnn.build_model(cell, num_layers=2, hidden_size=256, num_heads=2, vocab_size=512).cuda()
@@ -158,8 +162,9 @@ def test_inductor_bf16_on_gpu_equals_eager(cell):
     gen = torch.Generator(device="cuda").manual_seed(7)
     ids, targets = (torch.randint(0, 512, (2, 300), device="cuda", generator=gen) for _ in range(2))
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        results = [loss_and_grads(m, ids, targets) for m in (compiled, model)]
-    (logits, grads), (ref_logits, ref_grads) = results
+        (logits, grads), (ref_logits, ref_grads) = (loss_and_grads(m, ids, targets) for m in (compiled, model))
+    _, fp32_grads = loss_and_grads(model, ids, targets)
     assert relative_error(logits.float(), ref_logits.float()) <= 1e-2
-    for name, grad in ref_grads.items():
-        assert relative_error(grads[name], grad) <= 1e-2, name
+    for name, fp32_grad in fp32_grads.items():
+        eager_error = relative_error(ref_grads[name], fp32_grad)
+        assert relative_error(grads[name], fp32_grad) <= 1.5 * eager_error + 5e-3, (name, eager_error)
