@@ -5,6 +5,8 @@ last ``W − 1`` inputs before x, oldest first) or None for zeros, offset ``[T]`
 packed document, B = 1) or None. Returns SiLU(conv) ``[B, T, C]``. With ``offset``, taps reaching before a
 document's start read 0 (and the history is not read).
 
+``short_conv_step`` is the decoding form: one token, the history advanced in place.
+
 Two paths with the same result: ``triton`` (CUDA; ``linrnn::short_conv`` custom op with a registered backward and
 fake implementation, so ``torch.compile`` keeps it whole) and ``torch`` (``conv1d``, everywhere else).
 """
@@ -26,6 +28,25 @@ def short_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, offset:
             history = history.to(x.dtype)
         return short_conv_op(x, weight, history, offset)
     return short_conv_torch(x, weight, history, offset)
+
+
+def short_conv_step(x: Tensor, weight: Tensor, history: Tensor, backend: str = "auto") -> Tensor:
+    """Decoding, no autograd: ``short_conv(x, weight, history)`` for x ``[B, 1, C]``, and ``history`` (contiguous,
+    x's dtype) advanced by one token in place — one Triton launch on CUDA instead of the conv, a concatenation
+    and a copy. Needs ``W ≥ 2``."""
+    width = weight.shape[-1]
+    if x.shape[1] != 1 or width < 2 or history.dtype != x.dtype or not history.is_contiguous():
+        raise ValueError(
+            f"short_conv_step: needs x [B, 1, C], W >= 2 and a contiguous history in x's dtype; got x "
+            f"{list(x.shape)}, W = {width}, history {history.dtype} contiguous={history.is_contiguous()}"
+        )
+    if use_triton(x, backend):
+        from linrnn.kernels.triton.short_conv import short_conv_step as triton_step
+
+        return triton_step(_columns_unit(x), _taps(weight), history)
+    y = short_conv_torch(x, weight, history, None)
+    history.copy_(torch.cat([history[..., 1:], x.transpose(1, 2)], dim=-1))
+    return y
 
 
 def short_conv_torch(x: Tensor, weight: Tensor, history: Tensor | None, offset: Tensor | None) -> Tensor:

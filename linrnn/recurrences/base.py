@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
 from linrnn.kernels.fused import gated_rms_norm, l2_normalize
-from linrnn.kernels.short_conv import short_conv
+from linrnn.kernels.short_conv import short_conv, short_conv_step
 
 
 class MixerOptions(BaseModel):
@@ -129,12 +129,18 @@ class ShortConv(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
     def forward(self, x: Tensor, history: Tensor | None = None, documents: Documents | None = None,
-                backend: str = "auto"):  # fmt: skip
+                backend: str = "auto", in_place: bool = False):  # fmt: skip
         """x ``[B, T, C]`` → (SiLU(conv) ``[B, T, C]``, last ``W − 1`` inputs ``[B, C, W − 1]``). With packed
         ``documents`` (B = 1), taps reaching before a document's start contribute nothing. ``backend`` is the
-        mixer's (``linrnn.kernels.use_triton``)."""
+        mixer's (``linrnn.kernels.use_triton``). ``in_place`` (decoding): the new last inputs are written into
+        ``history``, which is returned; one token takes ``short_conv_step``."""
         offset = None if documents is None else documents.offset
+        if in_place and x.shape[1] == 1 and self.kernel_size > 1 and history.dtype == x.dtype \
+                and history.is_contiguous() and documents is None:  # fmt: skip
+            return short_conv_step(x, self.weight, history, backend), history
         y = short_conv(x, self.weight, history, offset, backend)
+        if in_place:
+            return y, history.copy_(self.last_inputs(x, history))
         return y, self.last_inputs(x, history)
 
     def last_inputs(self, x: Tensor, history: Tensor | None) -> Tensor:
@@ -326,11 +332,13 @@ class LinearRNNMixer(nn.Module):
         config = self.config
         history = state.conv if state is not None else {}
         position = state.position if state is not None else 0
+        in_place = state is not None and state.in_place
         new_history, streams = {}, {}
         for name in self.stream_names:
             h = projected[name]
             if config.use_short_conv:
-                h, new_history[name] = getattr(self, f"{name}_conv")(h, history.get(name), documents, config.backend)
+                conv = getattr(self, f"{name}_conv")
+                h, new_history[name] = conv(h, history.get(name), documents, config.backend, in_place)
             else:
                 h = F.silu(h)
             streams[name] = rearrange(h, "b t (h d) -> b t h d", h=self.num_heads)
@@ -374,9 +382,7 @@ class LinearRNNMixer(nn.Module):
         if self.probes is not None:  # coordinate check: what the recurrence saw and returned
             self.probes.update(gates, q=q, o=o, state=recurrent)
         y = self.o_proj(rearrange(self.o_norm(o, gate, self.config.backend), "b t h d -> b t (h d)"))
-        if in_place:
-            for name, history in new_history.items():
-                state.conv[name].copy_(history)
+        if in_place:  # the short convs and the recurrence have written into state's buffers
             return y, state
         if not output_state:
             return y, None

@@ -15,7 +15,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: set it first
 
-from linrnn.kernels.short_conv import short_conv  # noqa: E402
+from linrnn.kernels.short_conv import short_conv, short_conv_step  # noqa: E402
 from tests.helpers import nan_filled  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -111,6 +111,27 @@ def test_bf16_inputs_accumulate_in_fp32(backend):
     expected = conv_loop(x.detach().cpu(), weight.detach().cpu(), None, None)
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.cpu().double(), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("channels, width", [(37, 4), (130, 2), (20, 5)])
+def test_decoding_step_advances_the_history_in_place(backend, channels, width):
+    """Three tokens through ``short_conv_step`` (x a column slice of a wider row) equal the loop over the history
+    and those tokens, and the buffer ends holding the last W − 1 inputs."""
+    torch.manual_seed(channels + width)
+    with torch.no_grad():
+        wide, weight = leaf(3, 3, channels + 11), leaf(channels, 1, width)
+        x = wide[..., 5 : 5 + channels]
+        start = leaf(3, channels, width - 1)
+        history = start.clone()
+        steps = [short_conv_step(x[:, t : t + 1], weight, history, backend) for t in range(3)]
+    expected = conv_loop(x.cpu(), weight.cpu(), start.cpu(), None)
+    torch.testing.assert_close(torch.cat(steps, dim=1).cpu().double(), expected, rtol=0, atol=2e-5)
+    inputs = torch.cat([start, x.transpose(1, 2)], dim=-1)
+    torch.testing.assert_close(history, inputs[..., -(width - 1) :], rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"short_conv_step: needs x \[B, 1, C\]"):
+        short_conv_step(x, weight, history, backend)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")

@@ -2,6 +2,8 @@
 a request gets the same tokens alone, in a batch of other lengths, and when slots are refilled mid-run (continuous
 batching), greedy and sampled; the sampling options; CUDA graphs against plain steps on the GPU."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -37,6 +39,28 @@ def test_greedy_tokens_are_the_argmax_of_the_full_forward(cell, options):
         torch.testing.assert_close(slot_state.recurrent, full.recurrent, rtol=1e-10, atol=1e-12)
         for name, history in full.conv.items():
             torch.testing.assert_close(slot_state.conv[name], history, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])
+def test_engine_on_the_triton_kernels(cell):
+    """The decoding kernels (``short_conv_step``, the fused recurrent kernel updating the slot's state in place) in
+    fp32, compiled on CUDA or interpreted on the CPU: two requests in two slots give the full forward's argmax."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model = linrnn.build_model(cell, preset="byte-tiny", num_layers=1, backend="triton").to(device)
+    batch = [p.to(device) for p in prompts(5, 3)]
+    engine = Engine(model, slots=2, cuda_graph=False)
+    requests = engine.generate(batch, Sampling(max_new_tokens=4, temperature=0))
+    for slot, (prompt, request) in enumerate(zip(batch, requests, strict=True)):
+        sequence = torch.cat([prompt, torch.tensor(request.tokens, device=device)])
+        with torch.no_grad():
+            logits, state = model(sequence[None, :-1], return_state=True)
+        assert request.tokens == logits[0, len(prompt) - 1 :].argmax(-1).tolist()
+        for slot_state, full in zip(engine.states, state, strict=True):  # the state after all but the last token
+            torch.testing.assert_close(slot_state.recurrent[slot], full.recurrent[0], rtol=1e-4, atol=1e-5)
+            for name, history in full.conv.items():
+                torch.testing.assert_close(slot_state.conv[name][slot], history[0], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])

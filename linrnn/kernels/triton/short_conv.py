@@ -120,6 +120,41 @@ def _short_conv_bwd_x_kernel(weight, offset, d_pre, dx, T, C, W: tl.constexpr, B
     tl.store(dx + spot, grad_x.to(dx.dtype.element_ty), mask=(t < T)[:, None] & c_in[None, :])
 
 
+@triton.jit
+def _short_conv_step_kernel(x, weight, history, y, C, stride_b, W: tl.constexpr, BW: tl.constexpr,
+                            BC: tl.constexpr):  # fmt: skip
+    """One decoding token: ``y = SiLU(Σ_j w[j] · [history, x][j])`` and the history shifted by one, in place. Only
+    this program touches its channels' history; the barrier orders every thread's reads before any thread's writes
+    (a slot is read by one thread and may be written by another)."""
+    block_c, b = tl.program_id(0), tl.program_id(1)
+    c = block_c * BC + tl.arange(0, BC)
+    c_in = c < C
+    j = tl.arange(0, BW)  # history slots, oldest first; W − 1 of them are real
+    j_in = j < W - 1
+    spot = (b.to(tl.int64) * C + c[:, None]) * (W - 1) + j[None, :]
+    past = tl.load(history + spot, mask=c_in[:, None] & j_in[None, :], other=0)  # [BC, BW]
+    taps = tl.load(weight + c[:, None] * W + j[None, :], mask=c_in[:, None] & j_in[None, :], other=0)
+    token = tl.load(x + b.to(tl.int64) * stride_b + c, mask=c_in, other=0)
+    last_tap = tl.load(weight + c * W + (W - 1), mask=c_in, other=0).to(tl.float32)
+    pre = tl.sum(taps.to(tl.float32) * past.to(tl.float32), axis=1) + last_tap * token.to(tl.float32)
+    tl.store(y + b.to(tl.int64) * C + c, (pre * tl.sigmoid(pre)).to(y.dtype.element_ty), mask=c_in)
+    tl.debug_barrier()
+    tl.store(history + spot - 1, past, mask=c_in[:, None] & j_in[None, :] & (j[None, :] > 0))  # slot j → j − 1
+    tl.store(history + (b.to(tl.int64) * C + c) * (W - 1) + (W - 2), token.to(history.dtype.element_ty), mask=c_in)
+
+
+def short_conv_step(x: Tensor, weight: Tensor, history: Tensor) -> Tensor:
+    """One token per row: x ``[B, 1, C]`` (unit column stride), weight ``[C, W]`` contiguous (W ≥ 2), history
+    ``[B, C, W − 1]`` contiguous, x's dtype, updated in place → SiLU(conv) ``[B, 1, C]``."""
+    batch, _, channels = x.shape
+    width = weight.shape[1]
+    y = new_output((batch, 1, channels), x.dtype, x.device)
+    _short_conv_step_kernel[(triton.cdiv(channels, BLOCK_C), batch)](
+        x, weight, history, y, channels, x.stride(0), W=width, BW=triton.next_power_of_2(width - 1), BC=BLOCK_C
+    )
+    return y
+
+
 def _launch_shape(x: Tensor) -> tuple[int, int, int]:
     return triton.cdiv(x.shape[1], BLOCK_T), triton.cdiv(x.shape[2], BLOCK_C), x.shape[0]
 
