@@ -2,8 +2,9 @@
 
 Two ops, each with a fake (meta) implementation that gives only shapes and dtypes:
 
-- ``linrnn::chunk_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, ...) -> (o, final_state)``
-- ``linrnn::chunk_backward(do, d_final, <the forward's inputs>) -> (dq, dk, dw, dv, dg, dbeta, d_initial)``
+- ``linrnn::chunk_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, ...) -> (o, final_state)``
+- ``linrnn::chunk_backward(do, d_final, <the forward's inputs>) -> (dq, dk, dw, dv, dg, dbeta, d_initial,
+  d_log_gamma)``
 
 registered as each other's autograd (``register_autograd``). Arguments follow ``triton.chunk.chunk_forward``:
 ``k`` is the erase direction (the write key too when ``w`` is None), ``w`` a decoupled write key, ``erase=False``
@@ -14,6 +15,10 @@ keeps only the op's inputs alive between forward and backward (activation memory
 same for every caller. The Triton backward reruns the forward launches for their buffers (not the output kernel,
 except with per-head decay, where it forms ``A_qk``); the torch backward reruns the chunked forward under
 ``torch.func.vjp``.
+
+GammaNet (``log_gamma``): the ops run the kernels on ``Γq`` and ``Γ⁻¹w`` in the inputs' dtype (bf16 under autocast)
+and the backward asks the kernels for the gradients of those two in fp32, so that ``d log Γ = Σ q ⊙ dq − w ⊙ dw``,
+a difference of nearly cancelling sums, is formed from unrounded terms (``scripts/gammanet_fold_rounding.py``).
 
 Custom ops return tensors only: an absent final state or gradient is a tensor with no elements, mapped back to None
 by the wrappers. ``cu_seqlens`` stays an opaque tensor argument (its values set the kernels' grids), so packed
@@ -49,6 +54,7 @@ def chunk_forward_op(
     beta: Tensor | None,
     initial_state: Tensor | None,
     cu_seqlens: Tensor | None,
+    log_gamma: Tensor | None,
     erase: bool,
     scale: float,
     output_final_state: bool,
@@ -56,6 +62,8 @@ def chunk_forward_op(
     backend: str,
     chunk_size: int,
 ) -> tuple[Tensor, Tensor]:
+    if log_gamma is not None:
+        q, w, _ = fold(q, w, log_gamma)
     if backend == "triton":
         from linrnn.kernels.triton.chunk import chunk_forward
 
@@ -77,9 +85,16 @@ def _torch_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale,
                               chunk_size=chunk_size or None)  # fmt: skip
 
 
+def fold(q: Tensor, w: Tensor, log_gamma: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """GammaNet's fold of the query and the write key: ``(Γq, Γ⁻¹w)`` computed in at least fp32 and returned in
+    q's dtype (the kernels' operands), and ``Γ = exp(log_gamma)`` ``[H, K]`` in that wider dtype."""
+    gamma = log_gamma.to(compute_dtype(q.dtype)).exp()
+    return (q.to(gamma.dtype) * gamma).to(q.dtype), (w.to(gamma.dtype) / gamma).to(w.dtype), gamma
+
+
 @chunk_forward_op.register_fake
-def _(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, output_final_state, fp32_accurate, backend,
-      chunk_size):  # fmt: skip
+def _(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, output_final_state, fp32_accurate,
+      backend, chunk_size):  # fmt: skip
     o = v.new_empty(v.shape)
     if not output_final_state:
         return o, _absent(o)
@@ -100,26 +115,38 @@ def chunk_backward_op(
     beta: Tensor | None,
     initial_state: Tensor | None,
     cu_seqlens: Tensor | None,
+    log_gamma: Tensor | None,
     erase: bool,
     scale: float,
     fp32_accurate: bool,
     backend: str,
     chunk_size: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     d_final = _present(d_final)
+    folded_q, folded_w = q, w
+    if log_gamma is not None:
+        folded_q, folded_w, gamma = fold(q, w, log_gamma)
     if backend == "triton":
         from linrnn.kernels.triton.chunk import chunk_backward, chunk_forward
 
-        args = [x if x is None else x.contiguous() for x in (q, k, w, v, g, beta, initial_state)]
+        args = [x if x is None else x.contiguous() for x in (folded_q, k, folded_w, v, g, beta, initial_state)]
         _, _, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                     output_final_state=False, cu_seqlens=cu_seqlens, fp32_accurate=fp32_accurate,
                                     need_output=False)  # fmt: skip
-        grads = chunk_backward(do, d_final, *args, saved, erase=erase, scale=scale)
+        grads = chunk_backward(do, d_final, *args, saved, erase=erase, scale=scale, fp32_grads=log_gamma is not None)
         grads = [*grads[:-1], None if grads[-1] is None else grads[-1].to(initial_state.dtype)]
     else:
-        grads = _torch_backward(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale,
-                                chunk_size)  # fmt: skip
-    return tuple(_absent(do) if grad is None else grad.contiguous() for grad in grads)
+        if log_gamma is not None:  # the same operand values in the wider dtype: their gradients come out wide
+            folded_q, folded_w = folded_q.to(gamma.dtype), folded_w.to(gamma.dtype)
+        grads = _torch_backward(do, d_final, folded_q, k, folded_w, v, g, beta, initial_state, cu_seqlens, erase,
+                                scale, chunk_size)  # fmt: skip
+    d_log_gamma = None
+    if log_gamma is not None:  # back through the fold, in the wide dtype: d log Γ = Σ q ⊙ dq − w ⊙ dw
+        dq = grads[0].to(gamma.dtype) * gamma
+        dw = grads[2].to(gamma.dtype) / gamma
+        d_log_gamma = (q.to(gamma.dtype) * dq - w.to(gamma.dtype) * dw).sum((0, 1)).to(log_gamma.dtype)
+        grads = [dq.to(q.dtype), grads[1], dw.to(w.dtype), *grads[3:]]
+    return tuple(_absent(do) if grad is None else grad.contiguous() for grad in (*grads, d_log_gamma))
 
 
 def _torch_backward(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, chunk_size):
@@ -142,37 +169,46 @@ def _torch_backward(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens,
 
 
 @chunk_backward_op.register_fake
-def _(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, fp32_accurate, backend,
+def _(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, fp32_accurate, backend,
       chunk_size):  # fmt: skip
-    return tuple(_absent(do) if x is None else x.new_empty(x.shape) for x in (q, k, w, v, g, beta, initial_state))
+    inputs = (q, k, w, v, g, beta, initial_state, log_gamma)
+    return tuple(_absent(do) if x is None else x.new_empty(x.shape) for x in inputs)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, _, fp32_accurate, backend, chunk_size = inputs
-    ctx.save_for_backward(q, k, w, v, g, beta, initial_state, cu_seqlens)
+    (q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, _, fp32_accurate, backend,
+     chunk_size) = inputs  # fmt: skip
+    ctx.save_for_backward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma)
     ctx.options = (erase, scale, fp32_accurate, backend, chunk_size)
 
 
 def _backward(ctx, do, d_final):
-    q, k, w, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
+    q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma = ctx.saved_tensors
     if d_final is None or d_final.numel() == 0:
         d_final = _absent(do)
     grads = chunk_backward_op(do.contiguous(), d_final.contiguous(), q, k, w, v, g, beta, initial_state,
-                              cu_seqlens, *ctx.options)  # fmt: skip
-    grads = [_present(grad) for grad in grads]
-    return (*grads, None, *([None] * 6))  # cu_seqlens and the options get no gradient
+                              cu_seqlens, log_gamma, *ctx.options)  # fmt: skip
+    *grads, d_log_gamma = [_present(grad) for grad in grads]
+    return (*grads, None, d_log_gamma, *([None] * 6))  # cu_seqlens and the options get no gradient
 
 
 chunk_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
-                     backend="torch", chunk_size=None, fp32_accurate=True):  # fmt: skip
+                     backend="torch", chunk_size=None, fp32_accurate=True, log_gamma=None):  # fmt: skip
     """``recurrence_reference``'s arguments and results (``e is w``: tied erase; None: no erase) through the custom
-    op, with autograd. Inputs must be validated already (``linrnn.ops`` does)."""
+    op, with autograd. Inputs must be validated already (``linrnn.ops`` does). ``log_gamma`` ``[H, K]``: run on
+    ``Γq`` and ``Γ⁻¹w`` (``fold``; an erase direction ``e`` is required), the states as given — GammaNet's op folds
+    them around this call."""
     erase_direction, write_key = (w, None) if e is None or e is w else (e, w)  # the ops' k and w
+    if log_gamma is not None:  # the fold decouples the write key Γ⁻¹w from the erase direction e, even if e is w
+        if e is None:
+            raise ValueError("chunk_recurrence: log_gamma needs an erase direction e, got None")
+        erase_direction, write_key = e, w
     if cu_seqlens is not None and cu_seqlens.dtype != torch.int64:
         cu_seqlens = cu_seqlens.long()
-    o, final = chunk_forward_op(q, erase_direction, write_key, v, g, beta, initial_state, cu_seqlens, e is not None,
-                                float(scale), output_final_state, fp32_accurate, backend, chunk_size or 0)  # fmt: skip
+    o, final = chunk_forward_op(q, erase_direction, write_key, v, g, beta, initial_state, cu_seqlens, log_gamma,
+                                e is not None, float(scale), output_final_state, fp32_accurate, backend,
+                                chunk_size or 0)  # fmt: skip
     return o, final if output_final_state else None

@@ -9,9 +9,9 @@ Backends: ``"reference"`` (sequential loop, value checks always on),
 forward and backward of ``kernels/triton/chunk.py`` for training and long
 sequences; the fused recurrent forward for decoding, sequences of up to
 ``FUSED_RECURRENT_MAX_STEPS`` steps without autograd), ``"auto"`` (Triton on CUDA,
-torch elsewhere). GammaNet's fold (``Γq``, ``Γ⁻¹k``) is elementwise torch work
-before the chunkwise kernels, so autograd gives the gradient of ``log_gamma``;
-the folded op runs in fp32 whatever the input dtype (see ``_dispatch``).
+torch elsewhere). GammaNet's fold (``Γq``, ``Γ⁻¹k``) happens inside the chunkwise
+custom op (``library.fold``), which also returns the gradient of ``log_gamma``;
+the states are folded around it here, in at least fp32.
 The final state is fp32 (fp64 for fp64 inputs); ``o`` has ``v``'s dtype.
 """
 
@@ -265,20 +265,18 @@ def _dispatch(op, q, w, v, e, g, beta, options, log_gamma=None):
 
     out_dtype = v.dtype
     if log_gamma is not None:  # the fold identity: run on Γ⁻¹S with query Γq, write key Γ⁻¹k, erase e
-        # Everything after the fold is fp32 (the Triton kernels too, which take one dtype for q, k, e, v): d log Γ
-        # is a sum over all tokens of Γq ⊙ d(Γq) − Γ⁻¹k ⊙ d(Γ⁻¹k) whose read/write parts cancel, so rounding Γq,
-        # Γ⁻¹k or their gradients to bf16 gave d log Γ relative errors over 1e-2.
-        dtype = compute_dtype(q.dtype)
-        gamma = log_gamma.to(dtype).exp()  # [H, K]
-        q, w, e, v = q.to(dtype) * gamma, w.to(dtype) / gamma, e.to(dtype), v.to(dtype)
-        if args["initial_state"] is not None:
-            args["initial_state"] = args["initial_state"].to(dtype) / gamma[:, :, None]
+        gamma = log_gamma.to(compute_dtype(q.dtype)).exp()  # [H, K]
+        if args["initial_state"] is not None:  # the state in at least fp32 (as the kernels keep it)
+            args["initial_state"] = args["initial_state"].to(gamma.dtype) / gamma[:, :, None]
     if options.backend == "reference":
+        if log_gamma is not None:
+            q, w, e, v = (x.to(gamma.dtype) for x in (q, w, e, v))
+            q, w = q * gamma, w / gamma
         o, final = recurrence_reference(q, w, v, e, g, beta, **args)
-    else:  # the custom op (linrnn.kernels.library): torch.compile traces through it
+    else:  # the custom op (linrnn.kernels.library), which folds q and w itself: torch.compile traces through it
         o, final = chunk_recurrence(q, w, v, e, g, beta, backend="triton" if use_triton else "torch",
                                     chunk_size=options.chunk_size, fp32_accurate=out_dtype == torch.float32,
-                                    **args)  # fmt: skip
+                                    log_gamma=log_gamma, **args)  # fmt: skip
     if log_gamma is not None and final is not None:
         final = final * gamma[:, :, None]
     return o.to(out_dtype), final

@@ -101,13 +101,15 @@ def test_whole_model_on_packed_documents_breaks_once():
 
 
 @pytest.mark.parametrize(
-    ("backend", "varlen", "initial_state"),
-    [("torch", False, False), ("torch", False, True), ("torch", True, False), ("torch", True, True),
-     ("triton", True, True)],  # the interpreter takes ~15 s a case
+    ("backend", "varlen", "initial_state", "folded"),
+    [("torch", False, False, False), ("torch", False, True, False), ("torch", True, False, False),
+     ("torch", True, True, False), ("torch", False, True, True),
+     ("triton", True, True, True)],  # the interpreter takes ~15 s a case
 )  # fmt: skip
-def test_custom_op_registration(backend, varlen, initial_state):
+def test_custom_op_registration(backend, varlen, initial_state, folded):
     """``torch.library.opcheck``: schema, autograd registration, fake tensors against the real op (shapes, dtypes,
-    strides), AOT dispatch; the Triton path in fp32 (under the interpreter on a CPU), the torch path in fp64."""
+    strides), AOT dispatch; the Triton path in fp32 (under the interpreter on a CPU), the torch path in fp64.
+    ``folded``: GammaNet's form, a decoupled write key and ``log_gamma``."""
     if backend == "triton":
         pytest.importorskip("triton")
     dtype = torch.float64 if backend == "torch" else torch.float32
@@ -128,7 +130,9 @@ def test_custom_op_registration(backend, varlen, initial_state):
     state = leaf(2, heads, key_dim, value_dim).float().detach().requires_grad_() if initial_state else None
     if state is not None and backend == "torch":
         state = state.detach().to(dtype).requires_grad_()
-    args = (q, k, None, v, g, beta, state, cu_seqlens, True, 0.3, True, True, backend, 4)
+    w = leaf(batch_size, steps, heads, key_dim) if folded else None
+    log_gamma = (0.3 * torch.randn(heads, key_dim, dtype=dtype, device=device)).requires_grad_() if folded else None
+    args = (q, k, w, v, g, beta, state, cu_seqlens, log_gamma, True, 0.3, True, True, backend, 4)
     results = torch.library.opcheck(library.chunk_forward_op, args)
     assert set(results.values()) == {"SUCCESS"}, results
 

@@ -209,8 +209,9 @@ def _state_block_v(layout: _Layout) -> int:
     return block_v
 
 
-def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, erase, scale):
-    """Backward launches (arguments as ``chunk_forward``). Returns ``(dq, dk, dw, dv, dg, dbeta, d_initial)``."""
+def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, erase, scale, fp32_grads=False):
+    """Backward launches (arguments as ``chunk_forward``). Returns ``(dq, dk, dw, dv, dg, dbeta, d_initial)``;
+    ``fp32_grads``: dq and dw (the inputs GammaNet's fold scales) in fp32 whatever the inputs' dtype."""
     layout: _Layout = saved["layout"]
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
@@ -237,7 +238,8 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     )  # fmt: skip
 
     if erase and not decoupled and decay != DECAY_CHANNEL.value and K <= FUSED_MAX_K:
-        dq, dk, dv = (new_output(x.shape, x.dtype, device) for x in (q, k, v))
+        dq = new_output(q.shape, torch.float32 if fp32_grads else q.dtype, device)
+        dk, dv = (new_output(x.shape, x.dtype, device) for x in (k, v))
         dg = new_output(g.shape, g.dtype, device) if g is not None else None
         dbeta = new_output(beta.shape, beta.dtype, device) if has_beta else None
         chunk_bwd_fused_kernel[(NT, H)](
@@ -274,8 +276,9 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     )  # fmt: skip
     del dU, dX, dW_s
 
-    dq, dk = new_output(q.shape, q.dtype, device), new_output(k.shape, k.dtype, device)
-    dw = new_output(w.shape, w.dtype, device) if decoupled else None
+    dq = new_output(q.shape, torch.float32 if fp32_grads else q.dtype, device)
+    dk = new_output(k.shape, k.dtype, device)
+    dw = new_output(w.shape, torch.float32 if fp32_grads else w.dtype, device) if decoupled else None
     dG = torch.empty(g.shape, **f32) if g is not None else None
     per_channel = decay == DECAY_CHANNEL.value
     grid = (NT, H, (CHUNK // SUB_CHUNK) * triton.cdiv(K, block_k) if per_channel else 1)
