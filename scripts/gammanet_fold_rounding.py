@@ -1,9 +1,11 @@
 """How much GammaNet's d log Γ moves when the fold's operands (Γq, Γ⁻¹k) or their gradients are rounded, fp64 CPU.
 
-ops.gammanet runs its chunkwise kernels on Γq and Γ⁻¹k rounded to the inputs' dtype and asks for their gradients
-in fp32 (linrnn.kernels.library.fold), the choice these numbers led to; this measures the parts separately (the relative error of d log Γ against the exact fp64 one):
-operands rounded to bf16 or tf32 with exact gradients, and exact or rounded operands with bf16 or fp32 gradients of
-the folded inputs, d log Γ = Σ (Γq ⊙ d(Γq) − Γ⁻¹k ⊙ d(Γ⁻¹k)). Usage: python scripts/gammanet_fold_rounding.py
+ops.gammanet runs its chunkwise kernels on Γq and Γ⁻¹k rounded to the inputs' dtype and asks for their gradients in
+fp32 (linrnn.kernels.library.fold), the choice these numbers led to; this measures the parts separately (the
+relative error of d log Γ against the exact fp64 one): operands rounded to bf16 or tf32 with exact gradients, and
+exact or rounded operands with bf16 or fp32 gradients of the folded inputs, d log Γ = Σ (Γq ⊙ d(Γq) − Γ⁻¹k ⊙
+d(Γ⁻¹k)).
+Usage: python scripts/gammanet_fold_rounding.py
 """
 
 import torch
