@@ -8,6 +8,7 @@ and the MLP's SwiGLU product.
   ``[B, T, H, D]`` (fp32 arithmetic, x's dtype out).
 - ``l2_normalize(x, eps, dtype)``: ``x / max(‖x‖, eps)`` over the last dim (``F.normalize``), in ``dtype``.
 - ``swiglu(a, b)``: ``SiLU(a) · b``.
+- ``mamba_log_decay(pre, a_log, dt_bias)``: GDN's and KDA's log-decay gate (one Triton kernel when decoding).
 
 ``backend`` as the mixers': with "triton", and with "auto" on CUDA (not fp64), all run Triton kernels
 (``triton/fused.py``) as ``torch.library`` custom ops whose backward recomputes from the inputs, so autograd
@@ -64,6 +65,23 @@ def swiglu(a: Tensor, b: Tensor, backend: str = "auto") -> Tensor:
     if use_triton(a, backend) and a.dtype == b.dtype and a.shape == b.shape:
         return swiglu_op(a, b)
     return F.silu(a) * b
+
+
+def mamba_log_decay(pre: Tensor, a_log: Tensor, dt_bias: Tensor, backend: str = "auto") -> Tensor:
+    """``g = −exp(A_log) · softplus(pre + dt_bias)`` in at least fp32: pre ``[..., C]`` or ``[..., H, K]``, dt_bias
+    of pre's trailing shape, a_log ``[H]`` (per head) or ``[H, 1]`` (per channel). Without autograd (decoding) and
+    outside torch.compile, on the Triton path: one kernel."""
+    trailing = dt_bias.dim()
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (pre, a_log, dt_bias))
+    if use_triton(pre, backend) and not needs_grad and not torch.compiler.is_compiling() and pre.stride(-1) == 1 \
+            and (trailing == 1 or pre.stride(-2) == pre.shape[-1]):  # fmt: skip
+        from linrnn.kernels.triton.fused import log_decay_forward
+
+        columns = dt_bias.numel()
+        rows = pre.reshape(-1, columns)  # a view for a column slice of the projection (its rows keep their stride)
+        return log_decay_forward(rows, a_log.contiguous(), dt_bias.contiguous()).view(pre.shape)
+    pre = pre.to(torch.promote_types(pre.dtype, torch.float32))
+    return -a_log.to(pre.dtype).exp() * F.softplus(pre + dt_bias.to(pre.dtype))
 
 
 def _heads_dense(x: Tensor) -> Tensor:

@@ -198,12 +198,6 @@ def mamba_decay_params(num_heads: int, dt_size: int) -> tuple[nn.Parameter, nn.P
     return nn.Parameter(a.log()), nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
 
 
-def mamba_log_decay(pre: Tensor, a_log: Tensor, dt_bias: Tensor) -> Tensor:
-    """``g = −exp(A_log) · softplus(pre + dt_bias)`` (at least fp32); ``a_log`` broadcasts against ``pre``."""
-    pre = at_least_fp32(pre)
-    return -a_log.to(pre.dtype).exp() * F.softplus(pre + dt_bias.to(pre.dtype))
-
-
 PROJECTION_ALIGNMENT = 64  # columns: the fused projection's rows stay 128-byte aligned in bf16
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from torch import nn
 
 from linrnn.kernels import ops
-from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params, mamba_log_decay
+from linrnn.kernels.fused import mamba_log_decay
+from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params
 from linrnn.recurrences.registry import CellSpec, register
 
 
@@ -24,7 +25,7 @@ class GatedDeltaNet(LinearRNNMixer):
         self.A_log, self.dt_bias = mamba_decay_params(heads, heads)
 
     def gates(self, projected, k, extra):
-        g = mamba_log_decay(projected["f"], self.A_log, self.dt_bias)  # [B, T, H]
+        g = mamba_log_decay(projected["f"], self.A_log, self.dt_bias, self.config.backend)  # [B, T, H]
         return {"g": g, "beta": self.write_strength(projected["b"])}
 
 

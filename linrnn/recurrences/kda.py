@@ -10,7 +10,8 @@ from einops import rearrange
 from torch import nn
 
 from linrnn.kernels import ops
-from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params, mamba_log_decay
+from linrnn.kernels.fused import mamba_log_decay
+from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params
 from linrnn.recurrences.registry import CellSpec, register
 
 
@@ -32,7 +33,7 @@ class KimiDeltaAttention(LinearRNNMixer):
         """Per-channel log-decay ``[B, T, H, K]`` (fp32) from ``pre = f_proj(x)``."""
         pre = rearrange(pre, "b t (h k) -> b t h k", h=self.num_heads)
         dt_bias = rearrange(self.dt_bias, "(h k) -> h k", h=self.num_heads)
-        return mamba_log_decay(pre, self.A_log[:, None], dt_bias)
+        return mamba_log_decay(pre, self.A_log[:, None], dt_bias, self.config.backend)
 
     def gates(self, projected, k, extra):
         return {"g": self.channel_log_decay(projected["f"]), "beta": self.write_strength(projected["b"])}

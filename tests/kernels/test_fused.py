@@ -12,7 +12,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: set it first
 
-from linrnn.kernels.fused import gated_rms_norm, l2_normalize, rms_norm, swiglu  # noqa: E402
+from linrnn.kernels.fused import gated_rms_norm, l2_normalize, mamba_log_decay, rms_norm, swiglu  # noqa: E402
 from tests.helpers import nan_filled  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -176,6 +176,29 @@ def test_l2_normalize_returns_the_requested_dtype(backend):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
+def test_mamba_log_decay_matches_formula(backend, per_channel):
+    """The decoding kernel (no autograd) against the fp64 formula, pre from -40 to 40 (softplus's two tails) and,
+    per head, read in place from a column slice of a wider matrix, as GDN's gate comes out of the projection."""
+    torch.manual_seed(9)
+    heads, channels = 3, 5
+    if per_channel:
+        pre = torch.randn(2, 7, heads, channels) * 15
+        a_log, dt_bias = torch.randn(heads, 1), torch.randn(heads, channels)
+    else:
+        pre = (torch.randn(2, 7, 11) * 15)[..., 4 : 4 + heads]
+        a_log, dt_bias = torch.randn(heads), torch.randn(heads)
+    pre[0, 0, 0], pre[0, 1, 0], pre[0, 2, 0] = -40.0, 40.0, -12.0
+    summed = (pre + dt_bias).double()  # the op adds in fp32 (|x| ≤ 40: up to 2.4e-6 absolute); the rest in fp64
+    expected = -a_log.double().exp() * torch.nn.functional.softplus(summed)
+    with torch.no_grad():
+        g = mamba_log_decay(pre.to(DEVICE), a_log.to(DEVICE), dt_bias.to(DEVICE), backend)
+    assert g.dtype == torch.float32 and g.shape == pre.shape
+    torch.testing.assert_close(g.cpu().double(), expected, rtol=1e-6, atol=0)
+
+
 def test_custom_op_registration():
     from linrnn.kernels.fused import add_rms_norm_op, gated_rms_norm_op, l2_normalize_op, rms_norm_op, swiglu_op
 

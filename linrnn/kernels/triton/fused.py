@@ -23,6 +23,9 @@ L2 norm per row: ``y = x / max(‖x‖, eps)``, ``dx = (dy − y · (y · dy)) /
 clamped), output in a chosen dtype.
 
 SwiGLU is ``y = SiLU(a) · b`` elementwise, with ``da = dy · b · SiLU'(a)`` and ``db = dy · SiLU(a)``.
+
+The Mamba-style log-decay ``g = −exp(A_log) · softplus(pre + dt_bias)`` (GDN per head, KDA per channel), forward only:
+one launch where the decoding step otherwise runs eight small ones.
 """
 
 from __future__ import annotations
@@ -275,3 +278,37 @@ def rms_norm_backward(dy: Tensor, ds_out: Tensor | None, s: Tensor, weight: Tens
         **block,
     )
     return dx, d_delta, dw_partial.sum(0)
+
+
+@triton.jit
+def _log_decay_kernel(pre, a_log, dt_bias, g, n_rows, row_stride, C: tl.constexpr, GROUP: tl.constexpr,
+                      BR: tl.constexpr, BC: tl.constexpr):  # fmt: skip
+    """``g = −exp(a_log[c // GROUP]) · softplus(pre + dt_bias[c])`` (fp32) for ``BR`` rows of C columns."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BC)
+    col_in = cols < C
+    mask = (rows < n_rows)[:, None] & col_in[None, :]
+    x = tl.load(pre + rows.to(tl.int64)[:, None] * row_stride + cols[None, :], mask=mask, other=0).to(tl.float32)
+    x += tl.load(dt_bias + cols, mask=col_in, other=0).to(tl.float32)[None, :]
+    # softplus(x) = max(x, 0) + log1p(exp(−|x|)); log1p(y) = log(u) · y / (u − 1) with u = 1 + y rounded (exact to
+    # the last bit where u − 1 loses y's low bits, y itself where u rounds to 1)
+    y = tl.exp(-tl.abs(x))
+    u = 1 + y
+    log1p = tl.where(u == 1, y, tl.log(u) * (y / (u - 1)))
+    rate = tl.exp(tl.load(a_log + cols // GROUP, mask=col_in, other=0).to(tl.float32))
+    tl.store(g + rows.to(tl.int64)[:, None] * C + cols[None, :], -rate[None, :] * (tl.maximum(x, 0) + log1p),
+             mask=mask)  # fmt: skip
+
+
+def log_decay_forward(pre: Tensor, a_log: Tensor, dt_bias: Tensor) -> Tensor:
+    """pre ``[rows, C]`` (unit column stride), a_log ``[C / GROUP]``, dt_bias ``[C]`` contiguous → g ``[rows, C]``
+    fp32 (forward only: decoding)."""
+    n_rows, columns = pre.shape
+    g = new_output((n_rows, columns), torch.float32, pre.device)
+    padded = triton.next_power_of_2(columns)
+    rows_per_program = max(1, min(16, TILE_ELEMENTS // padded))
+    _log_decay_kernel[(triton.cdiv(n_rows, rows_per_program),)](
+        pre, a_log, dt_bias, g, n_rows, pre.stride(0), C=columns, GROUP=columns // a_log.numel(),
+        BR=rows_per_program, BC=padded,
+    )  # fmt: skip
+    return g
