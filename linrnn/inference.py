@@ -2,9 +2,11 @@
 
 A linear RNN's decode state has a fixed size, so every decode step has the same shapes. ``Engine(model, slots)``
 keeps, for every layer, the short-conv histories ``[slots, C, W − 1]``, the recurrent state ``[slots, H, K, V]``
-and each slot's position, and the layers update them in place (``MixerState.in_place``): a request is prefilled
-alone (the chunkwise kernels) into a free slot's rows, then one step advances every slot by one token (the fused
-recurrent kernel reads and writes each slot's state once) — embedding, every layer, readout, sampling — and, on
+and each slot's position, and the layers update them in place (``MixerState.in_place``). Waiting requests are
+prefilled together into the free slots, their prompts packed as documents of one sequence (the chunkwise varlen
+kernels; at most ``prefill_tokens`` tokens per forward unless one prompt is longer), and their states copied into
+their slots; then one step advances every slot by one token (the fused recurrent kernel reads and writes each
+slot's state once) — embedding, every layer, readout, sampling — and, on
 CUDA, that step is one CUDA graph replay (captured on first use, once for all-greedy steps and once for sampling).
 Slots finish and take the next request independently, without re-capturing.
 
@@ -93,9 +95,13 @@ class Engine:
     """Continuous-batching generation over ``slots`` fixed slots (module docstring). ``cuda_graph`` (default: on
     for a CUDA model) captures the decode step once and replays it."""
 
-    def __init__(self, model: LanguageModel, slots: int = 8, cuda_graph: bool | None = None):
+    def __init__(self, model: LanguageModel, slots: int = 8, cuda_graph: bool | None = None,
+                 prefill_tokens: int = 16384):  # fmt: skip
         if not isinstance(slots, int) or slots < 1:
             raise UsageError(f"Engine: argument 'slots' must be an int >= 1, got {slots!r}")
+        if not isinstance(prefill_tokens, int) or prefill_tokens < 1:
+            raise UsageError(f"Engine: argument 'prefill_tokens' must be an int >= 1, got {prefill_tokens!r}")
+        self.prefill_tokens = prefill_tokens
         self.model = model.eval()
         self.slots = slots
         self.device = next(model.parameters()).device
@@ -136,10 +142,20 @@ class Engine:
     def _stream(self, requests: list[Request]) -> Iterator[tuple[int, int]]:
         waiting, active = deque(requests), {}  # active: slot -> request
         while waiting or active:
-            for slot in range(self.slots):
-                while slot not in active and waiting:  # a request that ends in its prefill leaves the slot free
-                    request = waiting.popleft()
-                    token = self._prefill(slot, request)
+            while waiting and len(active) < self.slots:  # a request that ends in its prefill leaves its slot free
+                free = [slot for slot in range(self.slots) if slot not in active]
+                batch, tokens = [], 0
+                while waiting and len(batch) < len(free):
+                    request = waiting[0]
+                    if batch and tokens + len(request.prompt) > self.prefill_tokens:
+                        break
+                    waiting.popleft()
+                    if request.sampling.max_new_tokens == 0:
+                        request.finish_reason = "length"
+                        continue
+                    batch.append((free[len(batch)], request))
+                    tokens += len(request.prompt)
+                for slot, request, token in self._prefill(batch):
                     if token is not None:
                         yield request.id, token
                     if request.finish_reason is None:
@@ -177,32 +193,38 @@ class Engine:
         return requests
 
     @torch.no_grad()
-    def _prefill(self, slot: int, request: Request) -> int | None:
-        """Runs the prompt alone, its state written into ``slot``'s rows of the buffers; samples the first token
-        (None if the request ends without one)."""
-        setting = request.sampling
-        if setting.max_new_tokens == 0:
-            request.finish_reason = "length"
-            return None
-        slot_states = []  # the slot's rows of the buffers, zeroed: the layers write the prompt's state into them
-        for buffer in self.states:
-            conv = {name: history[slot : slot + 1].zero_() for name, history in buffer.conv.items()}
-            slot_states.append(MixerState(conv, buffer.recurrent[slot : slot + 1].zero_(), position=0, in_place=True))
-        hidden, _ = self.model.hidden_states(request.prompt[None], slot_states, return_state=True)
-        logits = self.model.readout(hidden[:, -1:])
-        self.positions[slot] = request.prompt.shape[0]
-        self.seeds[slot] = setting.seed
-        self.counters[slot] = 0
-        self.temperature[slot] = setting.temperature
-        self.top_k[slot] = setting.top_k or 0
-        self.top_p[slot] = setting.top_p or 1.0
+    def _prefill(self, batch: list[tuple[int, Request]]) -> list[tuple[int, Request, int | None]]:
+        """Runs the prompts of ``batch`` ((slot, request) pairs) as packed documents in one forward, writes each
+        one's state into its slot and samples its first token: (slot, request, token or None if it ended)."""
+        if not batch:
+            return []
+        slots = torch.tensor([slot for slot, _ in batch], device=self.device)
+        prompts = [request.prompt for _, request in batch]
+        lengths = torch.tensor([len(prompt) for prompt in prompts], device=self.device)
+        positions = torch.cat([torch.arange(len(prompt), device=self.device) for prompt in prompts])
+        hidden, state = self.model.hidden_states(torch.cat(prompts)[None], None, True, positions[None])
+        logits = self.model.readout(hidden[0, lengths.cumsum(0) - 1])  # each prompt's last position
+        for buffer, layer in zip(self.states, state, strict=True):  # one row per prompt, into its slot
+            buffer.recurrent.index_copy_(0, slots, layer.recurrent.to(buffer.recurrent.dtype))
+            for name, history in layer.conv.items():
+                buffer.conv[name].index_copy_(0, slots, history.to(buffer.conv[name].dtype))
+        self.positions[slots] = lengths
+        self.counters[slots] = 0
+        for column, values in ((self.seeds, [r.sampling.seed for _, r in batch]),
+                               (self.temperature, [r.sampling.temperature for _, r in batch]),
+                               (self.top_k, [r.sampling.top_k or 0 for _, r in batch]),
+                               (self.top_p, [r.sampling.top_p or 1.0 for _, r in batch])):  # fmt: skip
+            column[slots] = torch.tensor(values, dtype=column.dtype, device=self.device)
         per_slot = (self.temperature, self.top_k, self.top_p, self.seeds, self.counters)
-        first = sample(logits[:, -1], *(t[slot : slot + 1] for t in per_slot))
-        token = self._accept(request, int(first))
-        if request.finish_reason is None:
-            self.tokens[slot, 0] = token
-            self.counters[slot] = 1
-        return token
+        first = sample(logits, *(t[slots] for t in per_slot)).tolist()
+        results = []
+        for (slot, request), token in zip(batch, first, strict=True):
+            token = self._accept(request, token)
+            if request.finish_reason is None:
+                self.tokens[slot, 0] = token
+                self.counters[slot] = 1
+            results.append((slot, request, token))
+        return results
 
     def _accept(self, request: Request, token: int) -> int | None:
         """Records ``token`` for ``request``; None (and finished) for a stop token."""

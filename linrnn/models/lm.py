@@ -78,7 +78,9 @@ class LanguageModel(nn.Module):
 
     ``model(input_ids, positions=positions)`` (``[B, T]``, as torchtitan's packed loader gives them) treats each
     row as packed documents: wherever a position is 0 (and at each row start) the recurrent state and the
-    short-conv history restart from zero, through the ops' varlen path on the rows folded into one sequence.
+    short-conv history restart from zero, through the ops' varlen path on the rows folded into one sequence. With
+    ``return_state=True`` each layer's state then has one row per document (in order): the state after it, from
+    which that document's decoding goes on (``linrnn.Engine`` prefills several prompts this way).
     """
 
     def __init__(self, config: ModelConfig):
@@ -180,10 +182,10 @@ class LanguageModel(nn.Module):
                 f"LanguageModel: argument 'positions' must be an integer tensor of input_ids' shape "
                 f"{list(input_ids.shape)}, got {describe(positions)}"
             )
-        if state is not None or return_state:
+        if state is not None:
             raise ValueError(
-                "LanguageModel: packed documents ('positions') start from a zero state; "
-                "'state' and 'return_state' are for decoding one stream and cannot be combined with them"
+                "LanguageModel: packed documents ('positions') start from a zero state; 'state' (carried decoding "
+                "state) cannot be combined with them"
             )
         return Documents.from_positions(positions)
 

@@ -133,15 +133,27 @@ class ShortConv(nn.Module):
         """x ``[B, T, C]`` → (SiLU(conv) ``[B, T, C]``, last ``W − 1`` inputs ``[B, C, W − 1]``). With packed
         ``documents`` (B = 1), taps reaching before a document's start contribute nothing. ``backend`` is the
         mixer's (``linrnn.kernels.use_triton``). ``in_place`` (decoding): the new last inputs are written into
-        ``history``, which is returned; one token takes ``short_conv_step``."""
-        offset = None if documents is None else documents.offset
+        ``history``, which is returned; one token takes ``short_conv_step``. With ``documents`` the second result
+        is None (``last_inputs_per_document`` gives each document's)."""
+        if documents is not None:  # packed documents: their last inputs, when wanted, from last_inputs_per_document
+            return short_conv(x, self.weight, None, documents.offset, backend), None
         if in_place and x.shape[1] == 1 and self.kernel_size > 1 and history.dtype == x.dtype \
-                and history.is_contiguous() and documents is None:  # fmt: skip
+                and history.is_contiguous():  # fmt: skip
             return short_conv_step(x, self.weight, history, backend), history
-        y = short_conv(x, self.weight, history, offset, backend)
+        y = short_conv(x, self.weight, history, None, backend)
         if in_place:
             return y, history.copy_(self.last_inputs(x, history))
         return y, self.last_inputs(x, history)
+
+    def last_inputs_per_document(self, x: Tensor, documents: Documents) -> Tensor:
+        """Each packed document's last ``W − 1`` inputs ``[D, C, W − 1]`` (oldest first; zeros before its start)
+        from x ``[1, N, C]``."""
+        keep = self.kernel_size - 1
+        starts, ends = documents.cu_seqlens[:-1], documents.cu_seqlens[1:]  # on the host
+        index = ends[:, None] - keep + torch.arange(keep)  # [D, W − 1]
+        inside = (index >= starts[:, None]).to(x.device)
+        rows = x[0, index.clamp_min(0).to(x.device)] * inside[..., None].to(x.dtype)  # [D, W − 1, C]
+        return rows.transpose(1, 2).contiguous()
 
     def last_inputs(self, x: Tensor, history: Tensor | None) -> Tensor:
         """The last ``W − 1`` inputs ``[B, C, W − 1]`` of history followed by x ``[B, T, C]``."""
@@ -349,7 +361,8 @@ class LinearRNNMixer(nn.Module):
     def forward(self, x: Tensor, state: MixerState | None = None, output_state: bool = False,
                 documents: Documents | None = None):  # fmt: skip
         """x ``[B, T, hidden]`` → (y ``[B, T, hidden]``, new MixerState or None). With ``documents`` (B = 1),
-        the recurrence and the short convs restart at each document start."""
+        the recurrence and the short convs restart at each document start, and the new state has a row per
+        document."""
         projected = self.project(x)
         q, k, v, extra, new_history = self.streams(projected, state, documents)
         position = state.position if state is not None else 0
@@ -380,6 +393,11 @@ class LinearRNNMixer(nn.Module):
             return y, state
         if not output_state:
             return y, None
+        if documents is not None:  # one row per document
+            lengths = documents.cu_seqlens.diff().to(x.device)
+            conv = {name: getattr(self, f"{name}_conv").last_inputs_per_document(projected[name], documents)
+                    for name in new_history}  # fmt: skip
+            return y, MixerState(conv=conv, recurrent=recurrent, position=lengths)
         return y, MixerState(conv=new_history, recurrent=recurrent, position=position + x.shape[1])
 
 

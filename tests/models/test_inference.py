@@ -67,15 +67,16 @@ def test_engine_on_the_triton_kernels(cell):
 @pytest.mark.parametrize("options", [{}, {"use_rope": True}], ids=["plain", "rope"])
 def test_a_batch_and_refilled_slots_give_each_request_its_own_tokens(cell, options):
     """Five requests of different prompt lengths, budgets and sampling through two slots (slots are refilled as
-    requests end) against each request alone in one slot."""
+    requests end), and through four slots with several prompts packed per prefill, against each request alone."""
     model = tiny(cell, **options)
     batch = prompts(3, 9, 1, 5, 12)
     settings = [Sampling(max_new_tokens=n, temperature=t, top_k=k, top_p=p, seed=s)
                 for n, t, k, p, s in [(4, 0, None, None, 0), (7, 0.8, None, 0.9, 3), (2, 1.0, 5, None, 1),
                                       (6, 0, None, None, 0), (3, 1.3, 20, 0.95, 8)]]  # fmt: skip
     together = Engine(model, slots=2).generate(batch, settings)
+    packed = Engine(model, slots=4, prefill_tokens=10).generate(batch, settings)  # prefills of 1–3 prompts
     alone = [Engine(model, slots=1).generate([p], [s])[0] for p, s in zip(batch, settings, strict=True)]
-    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    assert [r.tokens for r in together] == [r.tokens for r in alone] == [r.tokens for r in packed]
     assert [len(r.tokens) for r in together] == [4, 7, 2, 6, 3]
 
 
@@ -119,6 +120,8 @@ def test_engine_errors():
     model = tiny("gdn")
     with pytest.raises(UsageError, match="'slots' must be an int >= 1, got 0"):
         Engine(model, slots=0)
+    with pytest.raises(UsageError, match="'prefill_tokens' must be an int >= 1, got 0"):
+        Engine(model, prefill_tokens=0)
     engine = Engine(model, slots=1)
     with pytest.raises(UsageError, match=r"prompt 0 must be a \[T\] token tensor"):
         engine.generate([torch.zeros(1, 3, dtype=torch.long)])

@@ -110,8 +110,31 @@ def test_bad_positions():
         model(ids, positions=torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="'positions' must be an integer tensor"):
         model(ids, positions=torch.zeros(2, 5))
+    _, state = model(ids, positions=torch.zeros(2, 5, dtype=torch.long), return_state=True)
     with pytest.raises(ValueError, match="cannot be combined"):
-        model(ids, positions=torch.zeros(2, 5, dtype=torch.long), return_state=True)
+        model(ids, positions=torch.zeros(2, 5, dtype=torch.long), state=state)
+
+
+@pytest.mark.parametrize("cell, options", [("gated_deltanet", {"use_rope": True}), ("gammanet", {"conv_size": 3})])
+def test_packed_documents_return_each_documents_state(cell, options):
+    """With ``return_state``, packed documents (one shorter than the conv's history) give, row by row, the state each
+    one reaches alone: recurrent state, short-conv histories and position (fp64)."""
+    torch.manual_seed(0)
+    model = linrnn.build_model(cell, preset="byte-tiny", num_layers=2, **options).double()
+    lengths = [5, 1, 9]
+    ids = torch.randint(0, 256, (1, sum(lengths)))
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    with torch.no_grad():
+        _, packed = model(ids, positions=positions, return_state=True)
+        alone = [model(part, return_state=True)[1] for part in ids.split(lengths, dim=1)]
+    for layer, packed_layer in enumerate(packed):
+        assert packed_layer.position.tolist() == lengths
+        for row, document in enumerate(alone):
+            expected = document[layer]
+            torch.testing.assert_close(packed_layer.recurrent[row], expected.recurrent[0], rtol=1e-10, atol=1e-12)
+            assert packed_layer.conv.keys() == expected.conv.keys()
+            for name, history in expected.conv.items():
+                torch.testing.assert_close(packed_layer.conv[name][row], history[0], rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.gpu
