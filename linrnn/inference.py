@@ -124,6 +124,7 @@ class Engine:
                                   recurrent=torch.zeros_like(layer.recurrent), position=self.positions, in_place=True)
                        for layer in state]  # fmt: skip
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}  # by greedy: argmax only, or the full sampling
+        self._captured_parameters = None  # the parameters' identity when the graphs were captured
 
     def stream(self, prompts: Sequence[Tensor], sampling: Sampling | Sequence[Sampling] = DEFAULT_SAMPLING
                ) -> Iterator[tuple[int, int]]:  # fmt: skip
@@ -139,7 +140,14 @@ class Engine:
             pass
         return requests
 
+    def _parameters(self) -> tuple:
+        return tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+
     def _stream(self, requests: list[Request]) -> Iterator[tuple[int, int]]:
+        if self._graphs and self._parameters() != self._captured_parameters:
+            # the model changed since capture (an optimizer step, load_state_dict): the graphs would replay derived
+            # tensors of the old weights (the projections' concatenated weight), so capture again
+            self._graphs.clear()
         waiting, active = deque(requests), {}  # active: slot -> request
         while waiting or active:
             while waiting and len(active) < self.slots:  # a request that ends in its prefill leaves its slot free
@@ -270,4 +278,5 @@ class Engine:
             with torch.cuda.graph(graph):
                 self._step(greedy)
             self._graphs[greedy] = graph
+            self._captured_parameters = self._parameters()
         self._graphs[greedy].replay()

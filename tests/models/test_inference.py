@@ -116,6 +116,20 @@ def test_sample_draws_by_probability():
     torch.testing.assert_close(frequencies, (logits[0] / 0.5).double().softmax(-1), atol=0.03, rtol=0)
 
 
+def test_changed_parameters_drop_the_captured_graphs():
+    """A graph replays the tensors it captured, the projections' cached concatenated weight among them: after an
+    in-place parameter update the next run must capture again (checked here without CUDA, on the bookkeeping)."""
+    model = tiny("gdn")
+    engine = Engine(model, slots=1)
+    engine._graphs, engine._captured_parameters = {True: "captured"}, engine._parameters()
+    engine.generate(prompts(3), Sampling(max_new_tokens=2, temperature=0))
+    assert engine._graphs == {True: "captured"}  # unchanged parameters: kept
+    with torch.no_grad():
+        model.layers[0].mixer.q_proj.weight.mul_(0.5)
+    engine.generate(prompts(3), Sampling(max_new_tokens=2, temperature=0))
+    assert engine._graphs == {}
+
+
 def test_engine_errors():
     model = tiny("gdn")
     with pytest.raises(UsageError, match="'slots' must be an int >= 1, got 0"):
