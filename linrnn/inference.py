@@ -1,14 +1,14 @@
 """Generation engine: fixed batch slots with preallocated state, continuous batching, per-request sampling.
 
 A linear RNN's decode state has a fixed size, so every decode step has the same shapes. ``Engine(model, slots)``
-keeps, for every layer, the short-conv histories ``[slots, C, W − 1]``, the recurrent state ``[slots, H, K, V]``
-and each slot's position, and the layers update them in place (``MixerState.in_place``). Waiting requests are
-prefilled together into the free slots, their prompts packed as documents of one sequence (the chunkwise varlen
-kernels; at most ``prefill_tokens`` tokens per forward unless one prompt is longer), and their states copied into
-their slots; then one step advances every slot by one token (the fused recurrent kernel reads and writes each
-slot's state once) — embedding, every layer, readout, sampling — and, on
-CUDA, that step is one CUDA graph replay (captured on first use, once for all-greedy steps and once for sampling).
-Slots finish and take the next request independently, without re-capturing.
+keeps, for every layer, the short-conv histories ``[slots, C, W − 1]``, the recurrent state ``[slots, H, K, V]`` and
+each slot's position, and the layers update them in place (``MixerState.in_place``). Waiting requests are prefilled
+together into the free slots, their prompts packed as documents of one sequence (the chunkwise varlen kernels; at
+most ``prefill_tokens`` tokens per forward unless one prompt is longer), and their states copied into their slots;
+then one step advances every slot by one token (the fused recurrent kernel reads and writes each slot's state once)
+— embedding, every layer, readout, sampling — and, on CUDA, that step is one CUDA graph replay (captured on first
+use, once for all-greedy steps and once for sampling). Slots finish and take the next request independently, without
+re-capturing.
 
 Sampling is per request: greedy (``temperature = 0``), temperature, top-k, top-p, stop tokens, a token budget and
 a seed. The random draw for the n-th new token of a request is a function of (seed, n, token id) only — a
