@@ -281,23 +281,22 @@ def rms_norm_backward(dy: Tensor, ds_out: Tensor | None, s: Tensor, weight: Tens
 
 
 @triton.jit
-def _log_decay_kernel(pre, a_log, dt_bias, g, n_rows, row_stride, C: tl.constexpr, GROUP: tl.constexpr,
-                      BR: tl.constexpr, BC: tl.constexpr):  # fmt: skip
-    """``g = −exp(a_log[c // GROUP]) · softplus(pre + dt_bias[c])`` (fp32) for ``BR`` rows of C columns."""
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    cols = tl.arange(0, BC)
-    col_in = cols < C
-    mask = (rows < n_rows)[:, None] & col_in[None, :]
-    x = tl.load(pre + rows.to(tl.int64)[:, None] * row_stride + cols[None, :], mask=mask, other=0).to(tl.float32)
-    x += tl.load(dt_bias + cols, mask=col_in, other=0).to(tl.float32)[None, :]
+def _log_decay_kernel(pre, a_log, dt_bias, g, n_rows, row_stride, D: tl.constexpr, GROUP: tl.constexpr,
+                      BR: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+    """``g = −exp(a_log[c // GROUP]) · softplus(pre + dt_bias[c])`` (fp32) for ``BR`` rows of D columns."""
+    row0 = tl.program_id(0) * BR
+    pre_at, mask = _row_offsets(row0, n_rows, 1, row_stride, D, BR, BD)
+    g_at, _ = _row_offsets(row0, n_rows, 1, D, D, BR, BD)
+    cols = tl.arange(0, BD)
+    x = tl.load(pre + pre_at, mask=mask, other=0).to(tl.float32)
+    x += tl.load(dt_bias + cols, mask=cols < D, other=0).to(tl.float32)[None, :]
     # softplus(x) = max(x, 0) + log1p(exp(−|x|)); log1p(y) = log(u) · y / (u − 1) with u = 1 + y rounded (exact to
     # the last bit where u − 1 loses y's low bits, y itself where u rounds to 1)
     y = tl.exp(-tl.abs(x))
     u = 1 + y
     log1p = tl.where(u == 1, y, tl.log(u) * (y / (u - 1)))
-    rate = tl.exp(tl.load(a_log + cols // GROUP, mask=col_in, other=0).to(tl.float32))
-    tl.store(g + rows.to(tl.int64)[:, None] * C + cols[None, :], -rate[None, :] * (tl.maximum(x, 0) + log1p),
-             mask=mask)  # fmt: skip
+    rate = tl.exp(tl.load(a_log + cols // GROUP, mask=cols < D, other=0).to(tl.float32))
+    tl.store(g + g_at, -rate[None, :] * (tl.maximum(x, 0) + log1p), mask=mask)
 
 
 def log_decay_forward(pre: Tensor, a_log: Tensor, dt_bias: Tensor) -> Tensor:
@@ -305,10 +304,8 @@ def log_decay_forward(pre: Tensor, a_log: Tensor, dt_bias: Tensor) -> Tensor:
     fp32 (forward only: decoding)."""
     n_rows, columns = pre.shape
     g = new_output((n_rows, columns), torch.float32, pre.device)
-    padded = triton.next_power_of_2(columns)
-    rows_per_program = max(1, min(16, TILE_ELEMENTS // padded))
-    _log_decay_kernel[(triton.cdiv(n_rows, rows_per_program),)](
-        pre, a_log, dt_bias, g, n_rows, pre.stride(0), C=columns, GROUP=columns // a_log.numel(),
-        BR=rows_per_program, BC=padded,
-    )  # fmt: skip
+    block = _row_block(columns)
+    _log_decay_kernel[(triton.cdiv(n_rows, block["BR"]),)](
+        pre, a_log, dt_bias, g, n_rows, pre.stride(0), D=columns, GROUP=columns // a_log.numel(), **block
+    )
     return g
