@@ -4,7 +4,7 @@ ops.gammanet runs its chunkwise kernels on Γq and Γ⁻¹k rounded to the input
 fp32 (linrnn.kernels.library.fold), the choice these numbers led to; this measures the parts separately (the
 relative error of d log Γ against the exact fp64 one): operands rounded to bf16 or tf32 with exact gradients, and
 exact or rounded operands with bf16 or fp32 gradients of the folded inputs, d log Γ = Σ (Γq ⊙ d(Γq) − Γ⁻¹k ⊙
-d(Γ⁻¹k)).
+d(Γ⁻¹k)), with the products taken with the rounded operands (what the op does) or the unrounded ones.
 Usage: python scripts/gammanet_fold_rounding.py
 """
 
@@ -38,19 +38,23 @@ def main() -> None:
     log_gamma = 0.5 * torch.randn(H, K, dtype=torch.float64)
     do = torch.randn(B, T, H, V, dtype=torch.float64)
 
-    def d_log_gamma(round_operands, round_grads):
+    def d_log_gamma(round_operands, round_grads, product="rounded"):
         gamma = log_gamma.exp()
         folded_q = round_operands(q * gamma).requires_grad_()
         folded_k = round_operands(k / gamma).requires_grad_()
         o, _ = recurrence_chunked(folded_q, folded_k, v, a, g, beta, scale=K**-0.5, chunk_size=64)
         dq, dk = (round_grads(d) for d in torch.autograd.grad((o * do).sum(), (folded_q, folded_k)))
+        if product == "exact":  # the unrounded fold times gradients taken at the rounded point
+            return ((q * gamma) * dq - (k / gamma) * dk).sum((0, 1))
         return (folded_q.detach() * dq - folded_k.detach() * dk).sum((0, 1))
 
     reference = d_log_gamma(exact, exact)
     for operands in (exact, tf32, bf16):
         for grads in (exact, bf16):
-            error = (d_log_gamma(operands, grads) - reference).norm() / reference.norm()
-            print(f"operands {operands.__name__:5}  gradients {grads.__name__:5}  d log Γ relative error {error:.2e}")
+            for product in ("rounded", "exact") if operands is not exact else ("rounded",):
+                error = (d_log_gamma(operands, grads, product) - reference).norm() / reference.norm()
+                print(f"operands {operands.__name__:5}  gradients {grads.__name__:5}  product with {product:7} "
+                      f"operands  d log Γ relative error {error:.2e}")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,11 @@ except with per-head decay, where it forms ``A_qk``); the torch backward reruns 
 ``torch.func.vjp``.
 
 GammaNet (``log_gamma``): the ops run the kernels on ``Γq`` and ``Γ⁻¹w`` in the inputs' dtype (bf16 under autocast)
-and the backward asks the kernels for the gradients of those two in fp32, so that ``d log Γ = Σ q ⊙ dq − w ⊙ dw``,
-a difference of nearly cancelling sums, is formed from unrounded terms (``scripts/gammanet_fold_rounding.py``).
+and the backward asks the kernels for the gradients of those two in fp32. ``d log Γ = Σ Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)``
+is a difference of nearly cancelling sums (without the erase it is exactly zero: Γ would cancel between query and
+key), so it is formed from unrounded gradients times the rounded operands the kernels used: the symmetry behind the
+cancellation holds at that rounded point, and unrounded operands beside gradients taken there double the error
+(``scripts/gammanet_fold_rounding.py``).
 
 Custom ops return tensors only: an absent final state or gradient is a tensor with no elements, mapped back to None
 by the wrappers. ``cu_seqlens`` stays an opaque tensor argument (its values set the kernels' grids), so packed
@@ -141,11 +144,12 @@ def chunk_backward_op(
         grads = _torch_backward(do, d_final, folded_q, k, folded_w, v, g, beta, initial_state, cu_seqlens, erase,
                                 scale, chunk_size)  # fmt: skip
     d_log_gamma = None
-    if log_gamma is not None:  # back through the fold, in the wide dtype: d log Γ = Σ q ⊙ dq − w ⊙ dw
-        dq = grads[0].to(gamma.dtype) * gamma
-        dw = grads[2].to(gamma.dtype) / gamma
-        d_log_gamma = (q.to(gamma.dtype) * dq - w.to(gamma.dtype) * dw).sum((0, 1)).to(log_gamma.dtype)
-        grads = [dq.to(q.dtype), grads[1], dw.to(w.dtype), *grads[3:]]
+    if log_gamma is not None:  # back through the fold, in the wide dtype: d log Γ = Σ Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)
+        d_folded_q, d_folded_w = grads[0].to(gamma.dtype), grads[2].to(gamma.dtype)
+        # the operands as the kernels saw them (rounded): the sums cancel nearly exactly at that point, not beside it
+        d_log_gamma = (folded_q.to(gamma.dtype) * d_folded_q - folded_w.to(gamma.dtype) * d_folded_w).sum((0, 1))
+        d_log_gamma = d_log_gamma.to(log_gamma.dtype)
+        grads = [(d_folded_q * gamma).to(q.dtype), grads[1], (d_folded_w / gamma).to(w.dtype), *grads[3:]]
     return tuple(_absent(do) if grad is None else grad.contiguous() for grad in (*grads, d_log_gamma))
 
 
