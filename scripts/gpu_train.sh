@@ -5,6 +5,8 @@
 #                                      # MFU), then 40 steps with FLA's chunk_gated_delta_rule swapped in (speed only)
 #   bash scripts/gpu_train.sh compile  # nvidia-h100-x1: the same 200 steps as "single" with --compile.enable (each
 #                                      # block through torch.compile with linrnn's custom ops); compare with "single"
+#   bash scripts/gpu_train.sh curve    # nvidia-h100-x1: issue 24's check, 200 steps eager then 200 steps with
+#                                      # --compile.enable, no validation: tokens/s, MFU (6·N) and the two loss curves
 #   bash scripts/gpu_train.sh fsdp     # nvidia-h200-x2: the packed-document GPU test, then the same global batch
 #                                      # (4 × 4096) on 1 GPU, on 1 GPU as 2 micro-batches, and on 2 GPUs with FSDP
 # Carry .whl (fla-core, pydantic), .whl-train (torchtitan and its pure-Python dependencies, tokenizers), .data
@@ -40,6 +42,11 @@ if [ "$mode" = single ]; then
   run linrnn 330 1 "-m linrnn.train" --training.steps 200 --validator.freq 100
   run fla 200 1 scripts/train_fla.py --training.steps 40 --validator.no-enable
   python3 scripts/train_report.py linrnn="$out/linrnn" fla="$out/fla" | tee "$out/report.md"
+elif [ "$mode" = curve ]; then
+  run eager "${CURVE_EAGER_S:-200}" 1 "-m linrnn.train" --training.steps 200 --validator.no-enable
+  run compiled "${CURVE_COMPILED_S:-330}" 1 "-m linrnn.train" --training.steps 200 --validator.no-enable \
+    --compile.enable
+  python3 scripts/train_report.py eager="$out/eager" compiled="$out/compiled" --config gdn_340m_sp | tee "$out/report.md"
 elif [ "$mode" = compile ]; then
   run compiled 540 1 "-m linrnn.train" --training.steps 200 --validator.freq 100 --compile.enable
   python3 scripts/train_report.py compiled="$out/compiled" | tee "$out/report.md"
