@@ -53,8 +53,10 @@ def main() -> None:
         for grads in (exact, bf16):
             for product in ("rounded", "exact") if operands is not exact else ("rounded",):
                 error = (d_log_gamma(operands, grads, product) - reference).norm() / reference.norm()
-                print(f"operands {operands.__name__:5}  gradients {grads.__name__:5}  product with {product:7} "
-                      f"operands  d log Γ relative error {error:.2e}")
+                print(
+                    f"operands {operands.__name__:5}  gradients {grads.__name__:5}  product with {product:7} "
+                    f"operands  d log Γ relative error {error:.2e}"
+                )
 
 
 if __name__ == "__main__":

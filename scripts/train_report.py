@@ -70,13 +70,13 @@ def main() -> None:
         last = max(max(steps) for steps in losses.values())
         windows = [(start, min(start + args.window - 1, last)) for start in range(1, last + 1, args.window)]
         print(f"\nmean logged loss per window of {args.window} steps")
-        print("| steps | " + " | ".join(losses) + " | " + " | ".join(f"{n} − {names[0]}" for n in list(losses)[1:]) + " |")
+        first_name, others = list(losses)[0], list(losses)[1:]
+        print("| steps | " + " | ".join(losses) + " | " + " | ".join(f"{n} − {first_name}" for n in others) + " |")
         print("|---|" + "---:|" * (2 * len(losses) - 1))
-        first_name = list(losses)[0]
         for lo, hi in windows:
             means = {n: statistics.mean([v for s, v in run.items() if lo <= s <= hi] or [float("nan")])
                      for n, run in losses.items()}  # fmt: skip
-            diffs = [means[n] - means[first_name] for n in list(losses)[1:]]
+            diffs = [means[n] - means[first_name] for n in others]
             print(f"| {lo}–{hi} | " + " | ".join(f"{m:.4f}" for m in means.values()) + " | "
                   + " | ".join(f"{d:+.4f}" for d in diffs) + " |")  # fmt: skip
 
