@@ -6,15 +6,18 @@ and recurrence op → per-head gated RMSNorm → o_proj.
 
 A cell subclasses ``LinearRNNMixer``, adds its gate parameters in ``__init__``,
 names its op (``op``) and the gate projections that read x (``gate_inputs``), and
-implements ``gates``. All projections of x run as one GEMM (``project``). Decoding
-carries a ``MixerState``: the short-conv histories and the recurrent state, so
-step-by-step decoding equals the full forward.
+implements ``gates``. All projections of x run as one GEMM (``project``), and the
+short convs of all streams as one (``short_convs``). Decoding carries a
+``MixerState``: the short-conv history and the recurrent state, so step-by-step
+decoding equals the full forward.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -74,8 +77,9 @@ class MixerConfig(MixerOptions):
 
 @dataclass
 class MixerState:
-    """Carried between calls: short-conv histories ``[B, C, W−1]`` per stream, recurrent state ``[B, H, K, V]``, and
-    the number of tokens seen (RoPE's position): an int, or a ``[B]`` tensor when rows are at different positions.
+    """Carried between calls: the short-conv history ``[B, C, W−1]`` (the last inputs of the streams' one conv, key
+    ``"streams"``: q, k, v and any extra key streams side by side), recurrent state ``[B, H, K, V]``, and the number
+    of tokens seen (RoPE's position): an int, or a ``[B]`` tensor when rows are at different positions.
 
     ``in_place``: the state is a set of buffers (a decoding engine's slots) that the layer updates in place and
     returns; its ``position`` is left to the caller to advance. Inference only (no autograd)."""
@@ -119,8 +123,9 @@ class Documents:
 
 
 class ShortConv(nn.Module):
-    """Causal depthwise conv over time followed by SiLU (``linrnn.kernels.short_conv``); carries its last
-    ``W − 1`` inputs for decoding."""
+    """One stream's causal depthwise conv weight ``[C, 1, W]``. The mixer convolves all its streams at once
+    (``causal_conv`` over the concatenated channels and weights); run alone (coordinate checks hook each module),
+    ``forward`` is ``causal_conv`` with this weight."""
 
     def __init__(self, channels: int, kernel_size: int):
         super().__init__()
@@ -130,39 +135,45 @@ class ShortConv(nn.Module):
 
     def forward(self, x: Tensor, history: Tensor | None = None, documents: Documents | None = None,
                 backend: str = "auto", in_place: bool = False):  # fmt: skip
-        """x ``[B, T, C]`` → (SiLU(conv) ``[B, T, C]``, last ``W − 1`` inputs ``[B, C, W − 1]``). With packed
-        ``documents`` (B = 1), taps reaching before a document's start contribute nothing. ``backend`` is the
-        mixer's (``linrnn.kernels.use_triton``). ``in_place`` (decoding): the new last inputs are written into
-        ``history``, which is returned; one token takes ``short_conv_step``. With ``documents`` the second result
-        is None (``last_inputs_per_document`` gives each document's)."""
-        if documents is not None:  # packed documents: their last inputs, when wanted, from last_inputs_per_document
-            return short_conv(x, self.weight, None, documents.offset, backend), None
-        if in_place and x.shape[1] == 1 and self.kernel_size > 1 and history.dtype == x.dtype \
-                and history.is_contiguous():  # fmt: skip
-            return short_conv_step(x, self.weight, history, backend), history
-        y = short_conv(x, self.weight, history, None, backend)
-        if in_place:
-            return y, history.copy_(self.last_inputs(x, history))
-        return y, self.last_inputs(x, history)
+        return causal_conv(x, self.weight, history, documents, backend, in_place)
 
-    def last_inputs_per_document(self, x: Tensor, documents: Documents) -> Tensor:
-        """Each packed document's last ``W − 1`` inputs ``[D, C, W − 1]`` (oldest first; zeros before its start)
-        from x ``[1, N, C]``."""
-        keep = self.kernel_size - 1
-        starts, ends = documents.cu_seqlens[:-1], documents.cu_seqlens[1:]  # on the host
-        index = ends[:, None] - keep + torch.arange(keep)  # [D, W − 1]
-        inside = (index >= starts[:, None]).to(x.device)
-        rows = x[0, index.clamp_min(0).to(x.device)] * inside[..., None].to(x.dtype)  # [D, W − 1, C]
-        return rows.transpose(1, 2).contiguous()
 
-    def last_inputs(self, x: Tensor, history: Tensor | None) -> Tensor:
-        """The last ``W − 1`` inputs ``[B, C, W − 1]`` of history followed by x ``[B, T, C]``."""
-        keep = self.kernel_size - 1
-        if x.shape[1] < keep:
-            if history is None:
-                history = x.new_zeros(x.shape[0], x.shape[2], keep)
-            return torch.cat([history.to(x.dtype), x.transpose(1, 2)], dim=-1)[..., x.shape[1] :]
-        return x[:, x.shape[1] - keep :].transpose(1, 2).contiguous()  # a copy: decode state must not pin x
+def causal_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, documents: Documents | None = None,
+                backend: str = "auto", in_place: bool = False) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """Causal depthwise conv over time followed by SiLU (``linrnn.kernels.short_conv``): x ``[B, T, C]`` (any row
+    stride), weight ``[C, 1, W]`` → (SiLU(conv) ``[B, T, C]``, last ``W − 1`` inputs ``[B, C, W − 1]``). With packed
+    ``documents`` (B = 1), taps reaching before a document's start contribute nothing, and the second result is None
+    (``last_inputs_per_document`` gives each document's). ``backend`` is the mixer's (``linrnn.kernels.use_triton``).
+    ``in_place`` (decoding): the new last inputs are written into ``history``, which is returned; one token takes
+    ``short_conv_step``."""
+    keep = weight.shape[-1] - 1
+    if documents is not None:
+        return short_conv(x, weight, None, documents.offset, backend), None
+    if in_place and x.shape[1] == 1 and keep > 0 and history.dtype == x.dtype and history.is_contiguous():
+        return short_conv_step(x, weight, history, backend), history
+    y = short_conv(x, weight, history, None, backend)
+    if in_place:
+        return y, history.copy_(last_inputs(x, history, keep))
+    return y, last_inputs(x, history, keep)
+
+
+def last_inputs(x: Tensor, history: Tensor | None, keep: int) -> Tensor:
+    """The last ``keep`` inputs ``[B, C, keep]`` of history followed by x ``[B, T, C]``."""
+    if x.shape[1] < keep:
+        if history is None:
+            history = x.new_zeros(x.shape[0], x.shape[2], keep)
+        return torch.cat([history.to(x.dtype), x.transpose(1, 2)], dim=-1)[..., x.shape[1] :]
+    return x[:, x.shape[1] - keep :].transpose(1, 2).contiguous()  # a copy: decode state must not pin x
+
+
+def last_inputs_per_document(x: Tensor, documents: Documents, keep: int) -> Tensor:
+    """Each packed document's last ``keep`` inputs ``[D, C, keep]`` (oldest first; zeros before its start) from x
+    ``[1, N, C]``."""
+    starts, ends = documents.cu_seqlens[:-1], documents.cu_seqlens[1:]  # on the host
+    index = ends[:, None] - keep + torch.arange(keep)  # [D, keep]
+    inside = (index >= starts[:, None]).to(x.device)
+    rows = x[0, index.clamp_min(0).to(x.device)] * inside[..., None].to(x.dtype)  # [D, keep, C]
+    return rows.transpose(1, 2).contiguous()
 
 
 class GatedRMSNorm(nn.Module):
@@ -177,6 +188,17 @@ class GatedRMSNorm(nn.Module):
     def forward(self, x: Tensor, gate: Tensor, backend: str = "auto") -> Tensor:
         """x, gate ``[B, T, H, D]`` → ``[B, T, H, D]`` in x's dtype; ``backend`` is the mixer's."""
         return gated_rms_norm(x, gate, self.weight, self.eps, backend)
+
+
+def _concatenated(linears: list[nn.Linear], padding: int) -> tuple[Tensor, Tensor | None]:
+    """The weights (and biases, zero where absent) of ``linears`` stacked, then ``padding`` zero rows."""
+    weights = [linear.weight for linear in linears]
+    weight = torch.cat([*weights, weights[0].new_zeros(padding, weights[0].shape[1])])
+    if all(linear.bias is None for linear in linears):
+        return weight, None
+    biases = [linear.weight.new_zeros(linear.out_features) if linear.bias is None else linear.bias
+              for linear in linears]  # fmt: skip
+    return weight, torch.cat([*biases, biases[0].new_zeros(padding)])
 
 
 def at_least_fp32(x: Tensor) -> Tensor:
@@ -226,7 +248,7 @@ class LinearRNNMixer(nn.Module):
         self.config = config
         self.probes: dict[str, Tensor] | None = None  # a dict to fill on each forward (linrnn.parametrizations)
         self.gate_stats: dict[str, Tensor] | None = None  # a dict: each forward leaves mean β and mean decay there
-        self._fused_projection = None  # (parameter identity, (weight, bias)) of project's GEMM, inference only
+        self._inference_cache: dict[str, tuple] = {}  # concatenated weights without autograd (_inference_cached)
         hidden, heads = config.hidden_size, config.num_heads
         self.num_heads, self.head_k_dim, self.head_v_dim = heads, config.head_k_dim, config.head_v_dim
         key_width, value_width = heads * self.head_k_dim, heads * self.head_v_dim
@@ -288,10 +310,12 @@ class LinearRNNMixer(nn.Module):
 
     def project(self, x: Tensor) -> dict[str, Tensor]:
         """{name: projection of x ``[B, T, width]``} for ``input_projections``, as one GEMM over the concatenated
-        weights (x is read once, and its gradient is one GEMM). The GEMM's width is padded with zero rows to a
-        multiple of ``PROJECTION_ALIGNMENT``: with an unaligned row (GDN's q, k, v, g and two gates: 4620 columns
-        at 340M) cuBLAS ran an sm80 CUTLASS kernel at ~260 TFLOP/s on an H100 instead of its Hopper kernels.
-        While probed (coordinate checks, which hook each projection module) every module runs on its own."""
+        weights (x is read once, and its gradient is one GEMM), plus ``"streams"``: the columns of all the streams
+        (q, k, v, extra keys; they come first), which the short conv reads as one block. The GEMM's width is padded
+        with zero rows to a multiple of ``PROJECTION_ALIGNMENT``: with an unaligned row (GDN's q, k, v, g and two
+        gates: 4620 columns at 340M) cuBLAS ran an sm80 CUTLASS kernel at ~260 TFLOP/s on an H100 instead of its
+        Hopper kernels. While probed (coordinate checks, which hook each module) every module runs on its own and
+        there is no ``"streams"`` block."""
         projections = self.input_projections()
         if self.probes is not None:
             return {name: module(x) for name, module in projections.items()}
@@ -299,37 +323,55 @@ class LinearRNNMixer(nn.Module):
                  for name, module in projections.items()}  # fmt: skip
         widths = [linear.out_features for linear in first.values()]
         padding = -sum(widths) % PROJECTION_ALIGNMENT
-        weight, bias = self._projection_weight(list(first.values()), padding)
-        outputs = F.linear(x, weight, bias).split([*widths, padding], dim=-1)
-        projected = dict(zip(first, outputs[: len(widths)], strict=True))
+        linears = list(first.values())
+        parameters = [p for linear in linears for p in (linear.weight, linear.bias) if p is not None]
+        weight, bias = self._inference_cached("projection", parameters, lambda: _concatenated(linears, padding))
+        output = F.linear(x, weight, bias)
+        projected = dict(zip(first, output.split([*widths, padding], dim=-1)[: len(widths)], strict=True))
+        projected["streams"] = output[..., : sum(widths[: len(self.stream_names)])]
         for name, module in projections.items():
             if isinstance(module, nn.Sequential):
                 projected[name] = module[1:](projected[name])
         return projected
 
-    def _projection_weight(self, linears: list[nn.Linear], padding: int) -> tuple[Tensor, Tensor | None]:
-        """The concatenated, zero-padded weight (and bias) of ``project``. Without autograd (inference) it is kept
-        until a parameter changes (its storage or version counter) or autograd is on again, so a decode step does
-        not copy the weights."""
-        key = None
-        if not torch.compiler.is_compiling():
-            if torch.is_grad_enabled():
-                self._fused_projection = None  # training again: free the inference copy
-            else:
-                parameters = [p for linear in linears for p in (linear.weight, linear.bias) if p is not None]
-                key = tuple((p.data_ptr(), p._version, p.dtype) for p in parameters)
-                if self._fused_projection is not None and self._fused_projection[0] == key:
-                    return self._fused_projection[1]
-        weights = [linear.weight for linear in linears]
-        weight = torch.cat([*weights, weights[0].new_zeros(padding, weights[0].shape[1])])
-        bias = None
-        if any(linear.bias is not None for linear in linears):
-            biases = [linear.weight.new_zeros(linear.out_features) if linear.bias is None else linear.bias
-                      for linear in linears]  # fmt: skip
-            bias = torch.cat([*biases, biases[0].new_zeros(padding)])
-        if key is not None:
-            self._fused_projection = (key, (weight, bias))
-        return weight, bias
+    def _inference_cached(self, slot: str, parameters: list[Tensor], build: Callable[[], Any]) -> Any:
+        """``build()`` (weights concatenated from ``parameters``). Without autograd (inference) the result is kept
+        until a parameter changes (its storage, version counter or dtype) or autograd is on again, so a decode step
+        does not copy weights."""
+        if torch.compiler.is_compiling():
+            return build()
+        if torch.is_grad_enabled():
+            self._inference_cache.pop(slot, None)  # training again: free the inference copy
+            return build()
+        key = tuple((p.data_ptr(), p._version, p.dtype) for p in parameters)
+        cached = self._inference_cache.get(slot)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        value = build()
+        self._inference_cache[slot] = (key, value)
+        return value
+
+    def short_convs(self, projected: dict[str, Tensor], history: Tensor | None, documents: Documents | None,
+                    in_place: bool) -> tuple[dict[str, Tensor], Tensor | None]:  # fmt: skip
+        """Every stream's causal conv + SiLU as one (``causal_conv`` over ``projected["streams"]`` with the streams'
+        weights side by side; one launch each way on CUDA): ({name: ``[B, T, width]``}, the new history
+        ``[B, C, W − 1]`` of all streams). Probed, each stream's ``ShortConv`` runs on its own (its hooks fire)."""
+        names = self.stream_names
+        convs = [getattr(self, f"{name}_conv") for name in names]
+        widths = [conv.weight.shape[0] for conv in convs]
+        backend = self.config.backend
+        if "streams" not in projected:  # probed: module by module, histories split and joined
+            previous = [None] * len(names) if history is None else history.split(widths, dim=1)
+            outputs = [conv(projected[name], h, documents, backend)
+                       for name, conv, h in zip(names, convs, previous, strict=True)]  # fmt: skip
+            new = None if documents is not None else torch.cat([h for _, h in outputs], dim=1)
+            if in_place:
+                new = history.copy_(new)
+            return {name: y for name, (y, _) in zip(names, outputs, strict=True)}, new
+        weights = [conv.weight for conv in convs]
+        weight = self._inference_cached("conv", weights, lambda: torch.cat(weights))
+        y, new = causal_conv(projected["streams"], weight, history, documents, backend, in_place)
+        return dict(zip(names, y.split(widths, dim=-1), strict=True)), new
 
     def streams(self, projected: dict[str, Tensor], state: MixerState | None = None,
                 documents: Documents | None = None):  # fmt: skip
@@ -340,13 +382,12 @@ class LinearRNNMixer(nn.Module):
         position = state.position if state is not None else 0
         in_place = state is not None and state.in_place
         new_history, streams = {}, {}
-        for name in self.stream_names:
-            h = projected[name]
-            if config.use_short_conv:
-                conv = getattr(self, f"{name}_conv")
-                h, new_history[name] = conv(h, history.get(name), documents, config.backend, in_place)
-            else:
-                h = F.silu(h)
+        if config.use_short_conv:
+            convolved, new_history["streams"] = self.short_convs(projected, history.get("streams"), documents,
+                                                                 in_place)  # fmt: skip
+        else:
+            convolved = {name: F.silu(projected[name]) for name in self.stream_names}
+        for name, h in convolved.items():
             streams[name] = rearrange(h, "b t (h d) -> b t h d", h=self.num_heads)
         if config.use_rope:
             for name in ("q", "k"):
@@ -395,8 +436,12 @@ class LinearRNNMixer(nn.Module):
             return y, None
         if documents is not None:  # one row per document
             lengths = documents.cu_seqlens.diff().to(x.device)
-            conv = {name: getattr(self, f"{name}_conv").last_inputs_per_document(projected[name], documents)
-                    for name in new_history}  # fmt: skip
+            conv = {}
+            if self.config.use_short_conv:
+                inputs = projected.get("streams")
+                if inputs is None:  # probed: the streams side by side
+                    inputs = torch.cat([projected[name] for name in self.stream_names], dim=-1)
+                conv["streams"] = last_inputs_per_document(inputs, documents, self.config.conv_size - 1)
             return y, MixerState(conv=conv, recurrent=recurrent, position=lengths)
         return y, MixerState(conv=new_history, recurrent=recurrent, position=position + x.shape[1])
 

@@ -61,6 +61,37 @@ def test_varlen_and_bf16(cell):
     assert_close(final.cpu(), expected[1], 1e-2, "final state")
 
 
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("cell", CELLS)
+def test_inputs_read_in_place_from_column_slices(cell, monkeypatch):
+    """q, k, v (and the erase direction) as column slices of one wider [B, T, C] matrix — how the mixers' short
+    conv hands them over — are read where they are (no copies) and give the contiguous inputs' result."""
+    inputs = make_inputs(cell, B=3, T=5, H=2, K=16, V=24, initial_state=True, dtype=torch.float32, seed=11)
+    inputs = {n: x.float().to(DEVICE) for n, x in inputs.items()}
+    expected = run(cell, inputs, backend="triton")
+    streams = [n for n in ("q", "k", "v", "a") if n in inputs]
+    wide = torch.cat([inputs[n].flatten(2) for n in streams] + [torch.randn(3, 5, 7, device=DEVICE)], dim=-1)
+    sliced, start = dict(inputs), 0
+    for n in streams:
+        width = inputs[n][0, 0].numel()
+        sliced[n] = wide[..., start : start + width].unflatten(-1, inputs[n].shape[2:])
+        start += width
+        assert not sliced[n].is_contiguous()
+    copied, original = [], torch.Tensor.contiguous
+
+    def contiguous(x, *args, **kwargs):
+        if not x.is_contiguous():
+            copied.append(tuple(x.shape))
+        return original(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", contiguous)
+    o, final = run(cell, sliced, backend="triton")
+    monkeypatch.undo()
+    assert not copied, f"copied: {copied}"
+    torch.testing.assert_close(o, expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(final, expected[1], rtol=0, atol=0)
+
+
 def test_triton_backend_errors():
     inputs = {n: x.float().to(DEVICE) for n, x in make_inputs("kda", B=1, T=4, H=1, K=8, V=8).items()}
     with pytest.raises(ValueError, match="backend 'triton' computes in fp32, got float64 inputs"):

@@ -109,8 +109,8 @@ def test_bf16_model_runs():
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_one_projection_gemm_equals_the_modules(cell):
-    """``project``'s single GEMM over the concatenated weights gives each module's output and each weight's
-    gradient (fp64); a bias on a first layer is carried too."""
+    """``project``'s single GEMM over the concatenated weights gives each module's output, the streams' block
+    (their outputs side by side) and each weight's gradient (fp64); a bias on a first layer is carried too."""
     torch.manual_seed(2)
     mixer = linrnn.build_model(cell, preset="byte-tiny", num_layers=1).double().layers[0].mixer
     first = next(iter(mixer.input_projections().values()))
@@ -118,7 +118,8 @@ def test_one_projection_gemm_equals_the_modules(cell):
     x = torch.randn(2, 7, mixer.config.hidden_size, dtype=torch.float64)
     fused = mixer.project(x)
     separate = {name: module(x) for name, module in mixer.input_projections().items()}
-    assert fused.keys() == separate.keys() and len(fused) >= 5
+    separate["streams"] = torch.cat([separate[name] for name in mixer.stream_names], dim=-1)
+    assert fused.keys() == separate.keys() and len(fused) >= 6
     weights = [p for p in mixer.parameters() if p.requires_grad]
     cotangent = {name: torch.randn_like(y) for name, y in separate.items()}
     grads = [
@@ -143,16 +144,22 @@ def test_inference_projection_weight_follows_the_parameters():
     def separate():
         return {name: module(x) for name, module in mixer.input_projections().items()}
 
+    def streams_block(projected):
+        return torch.cat([projected[name] for name in mixer.stream_names], dim=-1)
+
     with torch.no_grad():
         first = mixer.project(x)
-        assert mixer._fused_projection is not None
+        assert set(mixer._inference_cache) == {"projection"}
         mixer.k_proj.weight.mul_(-0.5)  # what optimizer.step does
         second = mixer.project(x)
         torch.testing.assert_close(second["k"], separate()["k"], rtol=1e-12, atol=1e-12)
         assert not torch.allclose(first["k"], second["k"])
         state = {n: torch.randn_like(p) for n, p in mixer.state_dict().items()}
         mixer.load_state_dict(state)
-        for name, y in mixer.project(x).items():
+        projected = mixer.project(x)
+        assert projected.keys() == {*separate(), "streams"}
+        torch.testing.assert_close(projected.pop("streams"), streams_block(separate()), rtol=1e-12, atol=1e-12)
+        for name, y in projected.items():
             torch.testing.assert_close(y, separate()[name], rtol=1e-12, atol=1e-12)
     mixer.project(x)
-    assert mixer._fused_projection is None
+    assert not mixer._inference_cache

@@ -29,7 +29,7 @@ DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = 0, 1, 2
 @triton.jit
 def _fused_recurrent_fwd_kernel(
     q, w, v, e, g, beta, log_gamma, initial_state, o, final_state, cu_seqlens,
-    scale, steps,
+    scale, steps, q_row, w_row, v_row, e_row,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_GAMMA: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -54,22 +54,22 @@ def _fused_recurrent_fwd_kernel(
         if HAS_GAMMA:
             state /= gamma[:, None]
     for t in range(start, end):
-        row = t * H + h  # token t, head h in the flattened [B * T, H] layout
+        row = t * H + h  # token t, head h in the flattened [B * T, H] layout (g, beta, o)
         if DECAY == 1:
             state *= tl.exp(tl.load(g + row).to(tl.float32))
         if DECAY == 2:
             state *= tl.exp(tl.load(g + row * K + k_idx, mask=k_mask, other=0).to(tl.float32))[:, None]
         strength = tl.load(beta + row).to(tl.float32) if HAS_BETA else 1.0
         if ERASE:
-            e_t = tl.load(e + row * K + k_idx, mask=k_mask, other=0).to(tl.float32)
+            e_t = tl.load(e + t * e_row + h * K + k_idx, mask=k_mask, other=0).to(tl.float32)
             recalled = tl.sum(e_t[:, None] * state, axis=0)  # eᵀS, [BV]
             state -= strength * e_t[:, None] * recalled[None, :]
-        w_t = tl.load(w + row * K + k_idx, mask=k_mask, other=0).to(tl.float32)
+        w_t = tl.load(w + t * w_row + h * K + k_idx, mask=k_mask, other=0).to(tl.float32)
         if HAS_GAMMA:
             w_t /= gamma
-        v_t = tl.load(v + row * V + v_idx, mask=v_mask, other=0).to(tl.float32)
+        v_t = tl.load(v + t * v_row + h * V + v_idx, mask=v_mask, other=0).to(tl.float32)
         state += (strength * w_t)[:, None] * v_t[None, :]
-        q_t = tl.load(q + row * K + k_idx, mask=k_mask, other=0).to(tl.float32) * scale
+        q_t = tl.load(q + t * q_row + h * K + k_idx, mask=k_mask, other=0).to(tl.float32) * scale
         if HAS_GAMMA:
             q_t *= gamma
         tl.store(o + row * V + v_idx, tl.sum(q_t[:, None] * state, axis=0).to(o.dtype.element_ty), mask=v_mask)
@@ -109,8 +109,8 @@ def fused_recurrent_fwd(
     value_dim = v.shape[-1]
     sequences = batch if cu_seqlens is None else cu_seqlens.numel() - 1
     cu_seqlens = None if cu_seqlens is None else to_device(cu_seqlens, q.device)
-    q, w, v = (x.contiguous() for x in (q, w, v))
-    e = None if e is None else e.contiguous()
+    q, w, v = (_token_rows(x) for x in (q, w, v))
+    e = None if e is None else _token_rows(e)
     o = new_output((batch, steps, heads, value_dim), v.dtype, v.device)
     final = final_state
     if final is None and output_final_state:
@@ -123,7 +123,7 @@ def fused_recurrent_fwd(
         q, w, v, e, None if g is None else g.contiguous(), None if beta is None else beta.contiguous(),
         None if log_gamma is None else log_gamma.contiguous(),
         None if initial_state is None else initial_state.contiguous(), o, final, cu_seqlens,
-        scale, steps,
+        scale, steps, q.stride(1), w.stride(1), v.stride(1), 0 if e is None else e.stride(1),
         H=heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v,
         DECAY=decay, ERASE=e is not None, HAS_BETA=beta is not None, HAS_GAMMA=log_gamma is not None,
         USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=final is not None,
@@ -131,3 +131,12 @@ def fused_recurrent_fwd(
         num_warps=num_warps or 1,
     )  # fmt: skip
     return o, final
+
+
+def _token_rows(x: Tensor) -> Tensor:
+    """x ``[B, T, H, D]`` as the kernel reads it: token t at ``t · x.stride(1)``, heads and channels packed. A column
+    slice of a wider ``[B, T, C]`` matrix (the mixers' short-conv output) is read in place; anything else is copied."""
+    batch, steps, heads, dim = x.shape
+    if x.stride(3) == 1 and x.stride(2) == dim and (batch == 1 or x.stride(0) == steps * x.stride(1)):
+        return x
+    return x.contiguous()
