@@ -326,9 +326,13 @@ class LinearRNNMixer(nn.Module):
         linears = list(first.values())
         parameters = [p for linear in linears for p in (linear.weight, linear.bias) if p is not None]
         weight, bias = self._inference_cached("projection", parameters, lambda: _concatenated(linears, padding))
-        output = F.linear(x, weight, bias)
-        projected = dict(zip(first, output.split([*widths, padding], dim=-1)[: len(widths)], strict=True))
-        projected["streams"] = output[..., : sum(widths[: len(self.stream_names)])]
+        # one split of the GEMM's output (the streams as one block) and the streams as views of that block, so the
+        # backward concatenates the block's gradient (from the conv) with the rest once
+        streams = len(self.stream_names)
+        block, *rest = F.linear(x, weight, bias).split([sum(widths[:streams]), *widths[streams:], padding], dim=-1)
+        outputs = [*block.split(widths[:streams], dim=-1), *rest[: len(widths) - streams]]
+        projected = dict(zip(first, outputs, strict=True))
+        projected["streams"] = block
         for name, module in projections.items():
             if isinstance(module, nn.Sequential):
                 projected[name] = module[1:](projected[name])
