@@ -18,3 +18,11 @@ def use_triton(x: Tensor, backend: str) -> bool:
     """Whether a fused op runs its Triton kernel for input ``x`` under a mixer's ``backend``: always for "triton",
     for "auto" on CUDA except fp64 (the kernels compute in fp32), never for "torch" or "reference"."""
     return backend == "triton" or backend == "auto" and x.is_cuda and x.dtype != torch.float64
+
+
+def heads_dense(x: Tensor) -> Tensor:
+    """x ``[B, T, H, D]`` as the row kernels read it: heads and channels dense, tokens at one stride (``x.stride(1)``;
+    a column slice of a wider ``[B, T, C]`` matrix is read in place); anything else is copied."""
+    batch, steps, heads, dim = x.shape
+    dense = x.stride(3) == 1 and x.stride(2) == dim and (batch == 1 or x.stride(0) == steps * x.stride(1))
+    return x if dense else x.contiguous()

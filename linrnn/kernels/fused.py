@@ -8,7 +8,8 @@ and the MLP's SwiGLU product.
   ``[B, T, H, D]`` (fp32 arithmetic, x's dtype out).
 - ``l2_normalize(x, eps, dtype)``: ``x / max(‖x‖, eps)`` over the last dim (``F.normalize``), in ``dtype``.
 - ``swiglu(a, b)``: ``SiLU(a) · b``.
-- ``mamba_log_decay(pre, a_log, dt_bias)``: GDN's and KDA's log-decay gate (one Triton kernel when decoding).
+- ``mamba_log_decay(pre, a_log, dt_bias)``: GDN's and KDA's log-decay gate (one Triton kernel when decoding), and
+  ``mamba_gates`` with their write strength β from the same launch.
 
 ``backend`` as the mixers': with "triton", and with "auto" on CUDA (not fp64), all run Triton kernels
 (``triton/fused.py``) as ``torch.library`` custom ops whose backward recomputes from the inputs, so autograd
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linrnn.kernels import use_triton
+from linrnn.kernels import heads_dense, use_triton
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None,
@@ -71,31 +72,59 @@ def mamba_log_decay(pre: Tensor, a_log: Tensor, dt_bias: Tensor, backend: str = 
     """``g = −exp(A_log) · softplus(pre + dt_bias)`` in at least fp32: pre ``[..., C]`` or ``[..., H, K]``, dt_bias
     of pre's trailing shape, a_log ``[H]`` (per head) or ``[H, 1]`` (per channel). Without autograd (decoding) and
     outside torch.compile, on the Triton path: one kernel."""
-    trailing = dt_bias.dim()
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (pre, a_log, dt_bias))
-    if use_triton(pre, backend) and not needs_grad and not torch.compiler.is_compiling() and pre.stride(-1) == 1 \
-            and (trailing == 1 or pre.stride(-2) == pre.shape[-1]):  # fmt: skip
-        from linrnn.kernels.triton.fused import log_decay_forward
-
-        columns = dt_bias.numel()
-        rows = pre.reshape(-1, columns)  # a view for a column slice of the projection (its rows keep their stride)
-        return log_decay_forward(rows, a_log.contiguous(), dt_bias.contiguous()).view(pre.shape)
+    if _one_launch(pre, dt_bias, backend, (pre, a_log, dt_bias)):
+        return _log_decay_launch(pre, a_log, dt_bias)[0]
     pre = pre.to(torch.promote_types(pre.dtype, torch.float32))
     return -a_log.to(pre.dtype).exp() * F.softplus(pre + dt_bias.to(pre.dtype))
 
 
-def _heads_dense(x: Tensor) -> Tensor:
-    """x ``[B, T, H, D]`` as the kernels read it: heads and channels dense, tokens at one stride."""
-    batch, steps, heads, dim = x.shape
-    dense = x.stride(3) == 1 and x.stride(2) == dim and (batch == 1 or x.stride(0) == steps * x.stride(1))
-    return x if dense else x.contiguous()
+def mamba_gates(pre: Tensor, a_log: Tensor, dt_bias: Tensor, beta_pre: Tensor, beta_scale: float = 1.0,
+                backend: str = "auto") -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(``mamba_log_decay(pre, a_log, dt_bias)``, ``β = beta_scale · sigmoid(beta_pre)``), both in at least fp32,
+    for beta_pre ``[B, T, H]`` beside pre ``[B, T, ...]``. Where the log-decay is one kernel (decoding), β comes
+    from the same launch instead of a cast and a sigmoid."""
+    if _one_launch(pre, dt_bias, backend, (pre, a_log, dt_bias, beta_pre)) and beta_pre.stride(-1) == 1:
+        return _log_decay_launch(pre, a_log, dt_bias, beta_pre, beta_scale)
+    g = mamba_log_decay(pre, a_log, dt_bias, backend)
+    beta = beta_pre.to(torch.promote_types(beta_pre.dtype, torch.float32)).sigmoid()
+    return g, beta if beta_scale == 1 else beta_scale * beta
+
+
+def _one_launch(pre: Tensor, dt_bias: Tensor, backend: str, inputs: tuple[Tensor, ...]) -> bool:
+    """Whether the log-decay kernel applies: the Triton path, no autograd, outside torch.compile, and pre's rows
+    readable at one stride (a column slice of the projection is)."""
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    trailing = dt_bias.dim()
+    return (use_triton(pre, backend) and not needs_grad and not torch.compiler.is_compiling()
+            and pre.stride(-1) == 1 and (trailing == 1 or pre.stride(-2) == pre.shape[-1]))  # fmt: skip
+
+
+def _log_decay_launch(pre: Tensor, a_log: Tensor, dt_bias: Tensor, beta_pre: Tensor | None = None,
+                      beta_scale: float = 1.0) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    from linrnn.kernels.triton.fused import log_decay_forward
+
+    columns = dt_bias.numel()
+    rows = pre.reshape(-1, columns)  # a view for a column slice of the projection (its rows keep their stride)
+    beta_rows = None if beta_pre is None else beta_pre.reshape(rows.shape[0], -1)
+    g, beta = log_decay_forward(rows, a_log.contiguous(), dt_bias.contiguous(), beta_rows, beta_scale)
+    return g.view(pre.shape), None if beta is None else beta.view(beta_pre.shape)
+
+
+def _token_rows(x: Tensor) -> tuple[Tensor, int, int]:
+    """(x, rows per token, token stride) for the row kernels: ``[B, T, H, D]`` through ``heads_dense``, any other
+    shape contiguous (one row per token)."""
+    if x.dim() == 4:
+        x = heads_dense(x)
+        return x, x.shape[2], x.stride(1)
+    x = x.contiguous()
+    return x, 1, x.shape[-1]
 
 
 @torch.library.custom_op("linrnn::gated_rms_norm", mutates_args=())
 def gated_rms_norm_op(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
     from linrnn.kernels.triton.fused import gated_rms_norm_forward
 
-    return gated_rms_norm_forward(_heads_dense(x), _heads_dense(z), weight.contiguous(), eps)
+    return gated_rms_norm_forward(heads_dense(x), heads_dense(z), weight.contiguous(), eps)
 
 
 @gated_rms_norm_op.register_fake
@@ -108,7 +137,7 @@ def gated_rms_norm_backward_op(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor,
                                eps: float) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     from linrnn.kernels.triton.fused import gated_rms_norm_backward
 
-    dx, dz, dw = gated_rms_norm_backward(dy.contiguous(), _heads_dense(x), _heads_dense(z), weight.contiguous(), eps)
+    dx, dz, dw = gated_rms_norm_backward(dy.contiguous(), heads_dense(x), heads_dense(z), weight.contiguous(), eps)
     return dx, dz, dw.to(weight.dtype)
 
 
@@ -171,7 +200,8 @@ swiglu_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
 def l2_normalize_op(x: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
     from linrnn.kernels.triton.fused import l2_norm_forward
 
-    return l2_norm_forward(x.contiguous(), eps, dtype)
+    x, heads, token_stride = _token_rows(x)
+    return l2_norm_forward(x, eps, dtype, heads, token_stride)
 
 
 @l2_normalize_op.register_fake
@@ -183,7 +213,8 @@ def _(x, eps, dtype):
 def l2_normalize_backward_op(dy: Tensor, x: Tensor, eps: float) -> Tensor:
     from linrnn.kernels.triton.fused import l2_norm_backward
 
-    return l2_norm_backward(dy.contiguous(), x.contiguous(), eps)
+    x, heads, token_stride = _token_rows(x)
+    return l2_norm_backward(dy.contiguous(), x, eps, heads, token_stride)
 
 
 @l2_normalize_backward_op.register_fake

@@ -277,11 +277,15 @@ class LinearRNNMixer(nn.Module):
             raise ValueError(f"cell {self.cell!r}: parameters without a role: {missing}")
         return {name: roles[name] for name, _ in self.named_parameters()}
 
+    @property
+    def beta_scale(self) -> float:
+        """β's range is (0, beta_scale): 2 when negative eigenvalues are allowed, else 1."""
+        return 2.0 if self.config.allow_neg_eigval else 1.0
+
     def write_strength(self, pre: Tensor) -> Tensor:
-        """``beta = sigmoid(W_β x)`` ``[B, T, H]`` (at least fp32) from ``pre = W_β x``, doubled when negative
-        eigenvalues are allowed."""
+        """``beta = sigmoid(W_β x)`` ``[B, T, H]`` (at least fp32) from ``pre = W_β x``, times ``beta_scale``."""
         beta = at_least_fp32(pre).sigmoid()
-        return 2 * beta if self.config.allow_neg_eigval else beta
+        return self.beta_scale * beta if self.config.allow_neg_eigval else beta
 
     def gates(self, projected: dict[str, Tensor], k: Tensor, extra: dict[str, Tensor]) -> dict[str, Tensor]:
         """The cell's recurrence inputs besides q, k, v, as its op names them: any of ``g`` (log-decay

@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import nn
 
 from linrnn.kernels import ops
-from linrnn.kernels.fused import mamba_log_decay
+from linrnn.kernels.fused import mamba_gates
 from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params
 from linrnn.recurrences.registry import CellSpec, register
 
@@ -25,8 +25,9 @@ class GatedDeltaNet(LinearRNNMixer):
         self.A_log, self.dt_bias = mamba_decay_params(heads, heads)
 
     def gates(self, projected, k, extra):
-        g = mamba_log_decay(projected["f"], self.A_log, self.dt_bias, self.config.backend)  # [B, T, H]
-        return {"g": g, "beta": self.write_strength(projected["b"])}
+        g, beta = mamba_gates(projected["f"], self.A_log, self.dt_bias, projected["b"], self.beta_scale,
+                              self.config.backend)  # fmt: skip
+        return {"g": g, "beta": beta}  # [B, T, H] each
 
 
 SPEC = register(

@@ -10,7 +10,7 @@ from einops import rearrange
 from torch import nn
 
 from linrnn.kernels import ops
-from linrnn.kernels.fused import mamba_log_decay
+from linrnn.kernels.fused import mamba_gates
 from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params
 from linrnn.recurrences.registry import CellSpec, register
 
@@ -29,14 +29,11 @@ class KimiDeltaAttention(LinearRNNMixer):
         self.b_proj = nn.Linear(config.hidden_size, heads, bias=False)  # W_β
         self.A_log, self.dt_bias = mamba_decay_params(heads, key_width)
 
-    def channel_log_decay(self, pre):
-        """Per-channel log-decay ``[B, T, H, K]`` (fp32) from ``pre = f_proj(x)``."""
-        pre = rearrange(pre, "b t (h k) -> b t h k", h=self.num_heads)
-        dt_bias = rearrange(self.dt_bias, "(h k) -> h k", h=self.num_heads)
-        return mamba_log_decay(pre, self.A_log[:, None], dt_bias, self.config.backend)
-
     def gates(self, projected, k, extra):
-        return {"g": self.channel_log_decay(projected["f"]), "beta": self.write_strength(projected["b"])}
+        pre = rearrange(projected["f"], "b t (h k) -> b t h k", h=self.num_heads)
+        dt_bias = rearrange(self.dt_bias, "(h k) -> h k", h=self.num_heads)
+        g, beta = mamba_gates(pre, self.A_log[:, None], dt_bias, projected["b"], self.beta_scale, self.config.backend)
+        return {"g": g, "beta": beta}
 
 
 CHANNEL_GATE_ROLES = {

@@ -12,7 +12,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: set it first
 
-from linrnn.kernels.fused import gated_rms_norm, l2_normalize, mamba_log_decay, rms_norm, swiglu  # noqa: E402
+from linrnn.kernels.fused import (  # noqa: E402
+    gated_rms_norm,
+    l2_normalize,
+    mamba_gates,
+    mamba_log_decay,
+    rms_norm,
+    swiglu,
+)
 from tests.helpers import nan_filled  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -165,6 +172,29 @@ def test_l2_normalize_matches_formula(backend, shape):
 
 @pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_l2_normalize_reads_a_column_slice_in_place(backend, monkeypatch):
+    """Heads of a column slice of a wider [B, T, C] matrix (the mixers' short-conv output): the formula's output
+    and gradient, and on the Triton path no copy of the slice, forward or backward."""
+    torch.manual_seed(7)
+    wide = torch.randn(2, 9, 3 * 20 + 11, dtype=torch.float64).float().to(DEVICE).requires_grad_()
+    copied, original = [], torch.Tensor.contiguous
+
+    def contiguous(x, *args, **kwargs):
+        if not x.is_contiguous():
+            copied.append(tuple(x.shape))
+        return original(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", contiguous)
+    check_against_formula(lambda w, eps: l2_normalize(w[..., 5:65].unflatten(-1, (3, 20)), eps, torch.float32,
+                                                      backend),
+                          lambda w, eps: l2_formula(w[..., 5:65].unflatten(-1, (3, 20)), eps), (wide, 1e-6),
+                          atol=2e-6, dtype_out=torch.float32)  # fmt: skip
+    monkeypatch.undo()
+    assert not copied or backend == "torch", copied
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_l2_normalize_returns_the_requested_dtype(backend):
     torch.manual_seed(6)
     x = leaf(2, 5, 2, 32, dtype=torch.bfloat16)
@@ -197,6 +227,37 @@ def test_mamba_log_decay_matches_formula(backend, per_channel):
         g = mamba_log_decay(pre.to(DEVICE), a_log.to(DEVICE), dt_bias.to(DEVICE), backend)
     assert g.dtype == torch.float32 and g.shape == pre.shape
     torch.testing.assert_close(g.cpu().double(), expected, rtol=1e-6, atol=0)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("beta_scale", [1.0, 2.0])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
+def test_mamba_gates_match_formula(backend, beta_scale, per_channel):
+    """The log-decay and the write strength β = scale · sigmoid(b) from one decoding launch against the fp64
+    formulas, β's pre-activation from -40 to 40 and read in place from a column slice of a wider matrix (as GDN's and
+    KDA's come out of the projection); bf16 inputs as in a bf16 model."""
+    torch.manual_seed(10)
+    heads, channels = 3, 4
+    projection = torch.randn(2, 7, 13) * 15
+    projection[0, 0, 9], projection[0, 1, 9], projection[0, 2, 9] = -40.0, 40.0, -12.0
+    projection = projection.to(torch.bfloat16)
+    beta_pre = projection[..., 9 : 9 + heads]
+    if per_channel:
+        pre = (torch.randn(2, 7, heads, channels) * 15).to(torch.bfloat16)
+        a_log, dt_bias = torch.randn(heads, 1), torch.randn(heads, channels)
+    else:
+        pre = projection[..., 2 : 2 + heads]
+        a_log, dt_bias = torch.randn(heads), torch.randn(heads)
+    summed = (pre.float() + dt_bias).double()  # the op adds in fp32; the rest in fp64
+    expected_g = -a_log.double().exp() * torch.nn.functional.softplus(summed)
+    expected_beta = beta_scale * beta_pre.double().sigmoid()
+    with torch.no_grad():
+        g, beta = mamba_gates(*(t.to(DEVICE) for t in (pre, a_log, dt_bias, beta_pre)), beta_scale, backend)
+    assert g.dtype == beta.dtype == torch.float32 and g.shape == pre.shape and beta.shape == beta_pre.shape
+    torch.testing.assert_close(g.cpu().double(), expected_g, rtol=1e-6, atol=0)
+    torch.testing.assert_close(beta.cpu().double(), expected_beta, rtol=1e-6, atol=0)
 
 
 def test_custom_op_registration():

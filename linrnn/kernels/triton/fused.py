@@ -163,19 +163,22 @@ def swiglu_backward(dy: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @triton.jit
-def _l2_norm_fwd_kernel(x, y, n_rows, eps, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+def _l2_norm_fwd_kernel(x, y, n_rows, H, x_stride, eps, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     row0 = tl.program_id(0) * BR
-    at, mask = _row_offsets(row0, n_rows, 1, D, D, BR, BD)
-    xv = tl.load(x + at, mask=mask, other=0).to(tl.float32)
+    x_at, mask = _row_offsets(row0, n_rows, H, x_stride, D, BR, BD)
+    at, _ = _row_offsets(row0, n_rows, 1, D, D, BR, BD)
+    xv = tl.load(x + x_at, mask=mask, other=0).to(tl.float32)
     norm = tl.maximum(tl.sqrt(tl.sum(xv * xv, axis=1)), eps)
     tl.store(y + at, (xv / norm[:, None]).to(y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _l2_norm_bwd_kernel(x, dy, dx, n_rows, eps, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+def _l2_norm_bwd_kernel(x, dy, dx, n_rows, H, x_stride, eps, D: tl.constexpr, BR: tl.constexpr,
+                        BD: tl.constexpr):  # fmt: skip
     row0 = tl.program_id(0) * BR
-    at, mask = _row_offsets(row0, n_rows, 1, D, D, BR, BD)
-    xv = tl.load(x + at, mask=mask, other=0).to(tl.float32)
+    x_at, mask = _row_offsets(row0, n_rows, H, x_stride, D, BR, BD)
+    at, _ = _row_offsets(row0, n_rows, 1, D, D, BR, BD)  # dy, dx: contiguous [rows, D]
+    xv = tl.load(x + x_at, mask=mask, other=0).to(tl.float32)
     grad = tl.load(dy + at, mask=mask, other=0).to(tl.float32)
     length = tl.sqrt(tl.sum(xv * xv, axis=1))
     norm = tl.maximum(length, eps)
@@ -184,22 +187,26 @@ def _l2_norm_bwd_kernel(x, dy, dx, n_rows, eps, D: tl.constexpr, BR: tl.constexp
     tl.store(dx + at, ((grad - unit * along[:, None]) / norm[:, None]).to(dx.dtype.element_ty), mask=mask)
 
 
-def l2_norm_forward(x: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
-    """x contiguous ``[..., D]`` → ``x / max(‖x‖, eps)`` over the last dim, in ``dtype``."""
+def l2_norm_forward(x: Tensor, eps: float, dtype: torch.dtype, heads: int, token_stride: int) -> Tensor:
+    """x ``[..., D]`` of rows ``heads`` per token (dense within a token; tokens ``token_stride`` apart, as a column
+    slice of a wider matrix) → ``x / max(‖x‖, eps)`` over the last dim, contiguous, in ``dtype``."""
     dim = x.shape[-1]
     y = new_output(x.shape, dtype, x.device)
     n_rows = x.numel() // dim
     block = _row_block(dim)
-    _l2_norm_fwd_kernel[(triton.cdiv(n_rows, block["BR"]),)](x, y, n_rows, eps, D=dim, **block)
+    _l2_norm_fwd_kernel[(triton.cdiv(n_rows, block["BR"]),)](x, y, n_rows, heads, token_stride, eps, D=dim, **block)
     return y
 
 
-def l2_norm_backward(dy: Tensor, x: Tensor, eps: float) -> Tensor:
+def l2_norm_backward(dy: Tensor, x: Tensor, eps: float, heads: int, token_stride: int) -> Tensor:
+    """dy contiguous, x as ``l2_norm_forward`` reads it → dx contiguous, x's dtype."""
     dim = x.shape[-1]
     dx = new_output(x.shape, x.dtype, x.device)
     n_rows = x.numel() // dim
     block = _row_block(dim)
-    _l2_norm_bwd_kernel[(triton.cdiv(n_rows, block["BR"]),)](x, dy, dx, n_rows, eps, D=dim, **block)
+    _l2_norm_bwd_kernel[(triton.cdiv(n_rows, block["BR"]),)](
+        x, dy, dx, n_rows, heads, token_stride, eps, D=dim, **block
+    )
     return dx
 
 
@@ -281,10 +288,19 @@ def rms_norm_backward(dy: Tensor, ds_out: Tensor | None, s: Tensor, weight: Tens
 
 
 @triton.jit
-def _log_decay_kernel(pre, a_log, dt_bias, g, n_rows, row_stride, D: tl.constexpr, GROUP: tl.constexpr,
-                      BR: tl.constexpr, BD: tl.constexpr):  # fmt: skip
-    """``g = −exp(a_log[c // GROUP]) · softplus(pre + dt_bias[c])`` (fp32) for ``BR`` rows of D columns."""
+def _log_decay_kernel(pre, a_log, dt_bias, g, beta_pre, beta, n_rows, row_stride, beta_row_stride,
+                      D: tl.constexpr, GROUP: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+                      HAS_BETA: tl.constexpr, DB: tl.constexpr, BDB: tl.constexpr,
+                      BETA_SCALE: tl.constexpr):  # fmt: skip
+    """``g = −exp(a_log[c // GROUP]) · softplus(pre + dt_bias[c])`` (fp32) for ``BR`` rows of D columns; with
+    ``HAS_BETA`` also ``β = BETA_SCALE · sigmoid(beta_pre)`` (fp32) for the same rows' DB columns."""
     row0 = tl.program_id(0) * BR
+    if HAS_BETA:
+        b_at, b_mask = _row_offsets(row0, n_rows, 1, beta_row_stride, DB, BR, BDB)
+        b_out, _ = _row_offsets(row0, n_rows, 1, DB, DB, BR, BDB)
+        z = tl.load(beta_pre + b_at, mask=b_mask, other=0).to(tl.float32)
+        e = _exp_nonpositive(-tl.abs(z))  # sigmoid(z) = 1 / (1 + e^−z) for z ≥ 0, e^z / (1 + e^z) below
+        tl.store(beta + b_out, BETA_SCALE * tl.where(z >= 0, 1 / (1 + e), e / (1 + e)), mask=b_mask)
     pre_at, mask = _row_offsets(row0, n_rows, 1, row_stride, D, BR, BD)
     g_at, _ = _row_offsets(row0, n_rows, 1, D, D, BR, BD)
     cols = tl.arange(0, BD)
@@ -311,13 +327,20 @@ def _exp_nonpositive(t):
     return tl.where(t > -87.0, two_n * tl.exp(r), tl.exp(t))
 
 
-def log_decay_forward(pre: Tensor, a_log: Tensor, dt_bias: Tensor) -> Tensor:
-    """pre ``[rows, C]`` (unit column stride), a_log ``[C / GROUP]``, dt_bias ``[C]`` contiguous → g ``[rows, C]``
-    fp32 (forward only: decoding)."""
+def log_decay_forward(pre: Tensor, a_log: Tensor, dt_bias: Tensor, beta_pre: Tensor | None = None,
+                      beta_scale: float = 1.0) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """pre ``[rows, C]`` (unit column stride), a_log ``[C / GROUP]``, dt_bias ``[C]`` contiguous → (g ``[rows, C]``
+    fp32, β ``[rows, C_β]`` fp32 from ``beta_pre`` ``[rows, C_β]`` (unit column stride) or None). Forward only:
+    decoding."""
     n_rows, columns = pre.shape
     g = new_output((n_rows, columns), torch.float32, pre.device)
-    block = _row_block(columns)
+    beta_columns = 1 if beta_pre is None else beta_pre.shape[1]
+    beta = None if beta_pre is None else new_output((n_rows, beta_columns), torch.float32, pre.device)
+    block = _row_block(max(columns, beta_columns))
     _log_decay_kernel[(triton.cdiv(n_rows, block["BR"]),)](
-        pre, a_log, dt_bias, g, n_rows, pre.stride(0), D=columns, GROUP=columns // a_log.numel(), **block
-    )
-    return g
+        pre, a_log, dt_bias, g, beta_pre, beta, n_rows, pre.stride(0), 0 if beta_pre is None else beta_pre.stride(0),
+        D=columns, GROUP=columns // a_log.numel(), BR=block["BR"], BD=triton.next_power_of_2(columns),
+        HAS_BETA=beta_pre is not None, DB=beta_columns, BDB=triton.next_power_of_2(beta_columns),
+        BETA_SCALE=float(beta_scale),
+    )  # fmt: skip
+    return g, beta

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from linrnn.kernels import to_device
+from linrnn.kernels import heads_dense, to_device
 from linrnn.kernels.triton import new_output
 
 DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = 0, 1, 2
@@ -109,8 +109,8 @@ def fused_recurrent_fwd(
     value_dim = v.shape[-1]
     sequences = batch if cu_seqlens is None else cu_seqlens.numel() - 1
     cu_seqlens = None if cu_seqlens is None else to_device(cu_seqlens, q.device)
-    q, w, v = (_token_rows(x) for x in (q, w, v))
-    e = None if e is None else _token_rows(e)
+    q, w, v = (heads_dense(x) for x in (q, w, v))  # column slices of the mixers' short-conv output: read in place
+    e = None if e is None else heads_dense(e)
     o = new_output((batch, steps, heads, value_dim), v.dtype, v.device)
     final = final_state
     if final is None and output_final_state:
@@ -131,12 +131,3 @@ def fused_recurrent_fwd(
         num_warps=num_warps or 1,
     )  # fmt: skip
     return o, final
-
-
-def _token_rows(x: Tensor) -> Tensor:
-    """x ``[B, T, H, D]`` as the kernel reads it: token t at ``t · x.stride(1)``, heads and channels packed. A column
-    slice of a wider ``[B, T, C]`` matrix (the mixers' short-conv output) is read in place; anything else is copied."""
-    batch, steps, heads, dim = x.shape
-    if x.stride(3) == 1 and x.stride(2) == dim and (batch == 1 or x.stride(0) == steps * x.stride(1)):
-        return x
-    return x.contiguous()
