@@ -163,3 +163,36 @@ def test_inference_projection_weight_follows_the_parameters():
             torch.testing.assert_close(y, separate()[name], rtol=1e-12, atol=1e-12)
     mixer.project(x)
     assert not mixer._inference_cache
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_one_short_conv_equals_the_stream_modules(cell):
+    """``short_convs`` over the streams' block with the weights side by side equals each stream's ``ShortConv`` on
+    its own (the probed path): outputs, the history, the packed-document form and every gradient (fp64)."""
+    from linrnn.recurrences.base import Documents
+
+    torch.manual_seed(4)
+    mixer = linrnn.build_model(cell, preset="byte-tiny", num_layers=1).double().layers[0].mixer
+    x = torch.randn(1, 9, mixer.config.hidden_size, dtype=torch.float64)
+    width = sum(getattr(mixer, f"{name}_conv").weight.shape[0] for name in mixer.stream_names)
+    history = torch.randn(1, width, mixer.config.conv_size - 1, dtype=torch.float64)
+    documents = Documents.from_positions(torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1]]))
+    weights = [p for p in mixer.parameters() if p.requires_grad]
+    for args in [(history, None), (None, documents)]:
+        fused, fused_history = mixer.short_convs(mixer.project(x), *args, in_place=False)
+        streams = {k: v for k, v in mixer.project(x).items() if k != "streams"}  # as probed: stream by stream
+        separate, separate_history = mixer.short_convs(streams, *args, in_place=False)
+        assert fused.keys() == separate.keys() == set(mixer.stream_names)
+        if args[1] is None:
+            torch.testing.assert_close(fused_history, separate_history, rtol=1e-12, atol=1e-12)
+        else:
+            assert fused_history is None and separate_history is None
+        cotangent = {name: torch.randn_like(y) for name, y in fused.items()}
+        grads = [torch.autograd.grad([(ys[n] * cotangent[n]).sum() for n in ys], weights, allow_unused=True)
+                 for ys in (fused, separate)]  # fmt: skip
+        for name in fused:
+            torch.testing.assert_close(fused[name], separate[name], rtol=1e-12, atol=1e-12)
+        for fused_grad, separate_grad in zip(*grads, strict=True):
+            assert (fused_grad is None) == (separate_grad is None)
+            if fused_grad is not None:
+                torch.testing.assert_close(fused_grad, separate_grad, rtol=1e-12, atol=1e-12)
