@@ -17,7 +17,6 @@ resume, and validation in bits per byte on the whole held-out set. CLI flags ove
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,55 +32,17 @@ from linrnn.training import data
 from linrnn.training.loader import WindowDataLoader
 from linrnn.training.metrics import LinrnnMetrics
 from linrnn.training.model import ReadoutLoss, TitanLanguageModel, parallelize
+from linrnn.training.names import (  # noqa: F401  (re-exported: the names are part of this module's interface)
+    CELLS,
+    PARAMETRIZATION_ALIASES,
+    PARAMETRIZATIONS,
+    SIZE_ALIASES,
+    SIZES,
+    Size,
+    canonical_config_name,
+    config_names,
+)
 from linrnn.training.optim import ParametrizedOptimizers
-
-CELLS = {"gla": "gla", "deltanet": "deltanet", "gdn": "gated_deltanet", "kda": "kda", "gammanet": "gammanet"}
-PARAMETRIZATIONS = {"sp": "sp", "mup": "mup", "gdn-mup": "gdn-mup"}
-# Older spellings, still accepted in config names and ``linrnn train`` flags
-SIZE_ALIASES = {f"paper{w}": f"paper-{w}" for w in (256, 384, 512, 768, 1024, 1536)}
-PARAMETRIZATION_ALIASES = {"gdnmup": "gdn-mup", "gdn_mup": "gdn-mup"}
-
-
-@dataclass(frozen=True)
-class Size:
-    preset: str  # linrnn.models preset
-    vocab: int  # the embedded corpus's tokenizer
-    seq_len: int
-    batch: int  # per rank
-    lr: float
-    overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields over the preset
-    base_width: int = 256
-    steps: int = 2000
-    checkpoint_interval: int = 500
-
-
-TINY = {"vocab_size": 4096, "hidden_size": 128, "num_layers": 4, "intermediate_size": 512}
-SIZES = {
-    "tiny": Size("tiny", 4096, 256, 16, 3e-3, TINY, base_width=64, steps=300, checkpoint_interval=100),
-    **{
-        f"paper-{w}": Size(f"paper-{w}", 4096, 512, 16, 3e-3, {"vocab_size": 4096})
-        for w in (256, 384, 512, 768, 1024, 1536)
-    },
-    "340m": Size("340m", 32000, 4096, 4, 1e-3),
-    "1.3b": Size("1.3b", 32000, 4096, 4, 6e-4, {"checkpoint_activations": True}),
-}
-
-
-def config_names() -> list[str]:
-    return [f"{cell}_{size}_{param}" for cell in CELLS for size in SIZES for param in PARAMETRIZATIONS]
-
-
-def canonical_config_name(name: str) -> str | None:
-    """``name`` with older spellings of its size and parametrization replaced (``gdn_paper256_gdnmup`` →
-    ``gdn_paper-256_gdn-mup``), or None if it names no config."""
-    parts = name.split("_")
-    for i in range(1, len(parts) - 1):  # sizes and parametrizations may contain underscores ("gdn_mup")
-        for j in range(i + 1, len(parts)):
-            cell, size, param = "_".join(parts[:i]), "_".join(parts[i:j]), "_".join(parts[j:])
-            size, param = SIZE_ALIASES.get(size, size), PARAMETRIZATION_ALIASES.get(param, param)
-            if cell in CELLS and size in SIZES and param in PARAMETRIZATIONS:
-                return f"{cell}_{size}_{param}"
-    return None
 
 
 def build(

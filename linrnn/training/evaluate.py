@@ -169,16 +169,14 @@ def train_main(args: argparse.Namespace) -> int:
     """The README's main job: train a named config through torchtitan in a run folder, report validation bpb on the
     held-out documents next to the unigram baselines, and a sample; the run's own data and tokenizer throughout."""
     from linrnn import train as entry
-    from linrnn.training import compat, runs
+    from linrnn.training import compat, names, runs
 
-    compat.install()
-    from linrnn.training import configs
-
-    cell = {registry: short for short, registry in configs.CELLS.items()}.get(args.cell, args.cell)
-    size = configs.SIZE_ALIASES.get(args.size, args.size)
-    param = configs.PARAMETRIZATION_ALIASES.get(args.param, args.param)
-    for flag, value, known in (("--cell", cell, configs.CELLS), ("--size", size, configs.SIZES),
-                               ("--param", param, configs.PARAMETRIZATIONS)):  # fmt: skip
+    # arguments, data and run folder are checked before torchtitan loads (seconds): errors come at once
+    cell = {registry: short for short, registry in names.CELLS.items()}.get(args.cell, args.cell)
+    size = names.SIZE_ALIASES.get(args.size, args.size)
+    param = names.PARAMETRIZATION_ALIASES.get(args.param, args.param)
+    for flag, value, known in (("--cell", cell, names.CELLS), ("--size", size, names.SIZES),
+                               ("--param", param, names.PARAMETRIZATIONS)):  # fmt: skip
         if value not in known:
             raise UsageError(f"argument {flag}: expected one of {', '.join(known)}, got {value!r}")
     if args.steps < 1:
@@ -188,7 +186,7 @@ def train_main(args: argparse.Namespace) -> int:
         raise UsageError(f"torchtitan flag {given[0]}: give your data and tokenizer as --data PATH and --tokenizer DIR")
     name = f"{cell}_{size}_{param}"
     out = Path(args.out or f"outputs/{name}")
-    run = run_data(args, configs.SIZES[size].vocab)
+    run = run_data(args, names.SIZES[size].vocab)
     identity = runs.Identity(
         name, tuple(args.overrides), run.description, runs.file_sha256(run.tokenizer / "tokenizer.json")
     )
@@ -202,6 +200,9 @@ def train_main(args: argparse.Namespace) -> int:
         return 0 if result["bpb"] < result["token_unigram_bpb"] else 1
     if done:
         print(f"resuming {name} at step {done} from {out}")
+    compat.install()
+    from linrnn.training import configs
+
     runs.write_manifest(out, identity, args.steps)
     shutil.copytree(run.tokenizer, out / "tokenizer", dirs_exist_ok=True)
     started = time.perf_counter()
