@@ -3,8 +3,8 @@
 # the engine — the fused kernels' tests compiled on CUDA (short conv and its decoding step, norms, SwiGLU, the
 # log-decay gate, cross-entropy rows, the fused recurrent kernel updating states in place), the engine's tests
 # (CUDA graphs against plain steps, the Triton decoding kernels), the GPU-marked tests (inductor bf16 model vs
-# eager, packed documents), and the fp64 chunk check of GammaNet in bf16 (the op folds q and k itself and runs bf16
-# kernels with fp32 gradients of the folded inputs). On a cold machine Triton compiles every kernel first, so the
+# eager, packed documents), and with VERIFY_CHUNK_CHECK="ARGS" the fp64 chunk check (scripts/check_triton_chunk.py
+# ARGS) beside them. On a cold machine Triton compiles every kernel first, so the
 # groups run as parallel processes (CPU-bound compiles) with verbose logs: a group cut by its timeout still shows
 # which tests passed. Carry .whl (and .triton_cache.tgz when there is one).
 # Writes $OUT/<group>.log, $OUT/check.log and $OUT/triton_cache.tgz.
@@ -17,9 +17,12 @@ mkdir -p "$TRITON_CACHE_DIR"
 if [ -f .triton_cache.tgz ]; then tar xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"; fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 seconds="${VERIFY_SECONDS:-480}"
-timeout -k 10 "$seconds" python3 scripts/check_triton_chunk.py --cells gammanet --dtypes bf16 \
-  --max-seconds $((seconds - 90)) > "$out/check.log" 2>&1 &
-pytest=(python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -p no:warnings)
+if [ -n "${VERIFY_CHUNK_CHECK:-}" ]; then  # e.g. VERIFY_CHUNK_CHECK="--cells gammanet --dtypes bf16"
+  # shellcheck disable=SC2086
+  timeout -k 10 "$seconds" python3 scripts/check_triton_chunk.py $VERIFY_CHUNK_CHECK \
+    --max-seconds $((seconds - 90)) > "$out/check.log" 2>&1 &
+fi
+pytest=(python3 -m pytest -o addopts= -v -rfE --tb=short -p no:cacheprovider -p no:warnings)
 group() {  # group NAME PYTEST-ARGS...: one pytest process in the background, its log in $OUT/NAME.log
   local name="$1"
   shift
@@ -33,9 +36,9 @@ group compile -m gpu tests/models/test_compile.py
 group packed -m gpu tests/models/test_packed_documents.py
 wait
 for name in short_conv fused fused_recurrent inference compile packed; do
-  echo "== $name: $(grep -c PASSED "$out/$name.log") passed; $(tail -1 "$out/$name.log")"
+  echo "== $name: $(tail -1 "$out/$name.log")"
   grep -E "^(FAILED|ERROR)" "$out/$name.log"
 done
-grep -E "PASS|FAIL|NOT RUN|passed" "$out/check.log"
+if [ -f "$out/check.log" ]; then grep -E "PASS|FAIL|NOT RUN|passed" "$out/check.log"; fi
 tar czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
 ls -la "$out/triton_cache.tgz"
