@@ -10,11 +10,11 @@ Settings (batch, prompt tokens, new tokens): (1, 512, 128) for the latency, (32,
 the throughput; ``GENERATE_BENCH_SETTINGS`` as ``BxPxN,...``. Models in ``GENERATE_BENCH_MODELS``; tests that would
 start after ``GENERATE_BENCH_DEADLINE`` (epoch seconds) skip. Each test times the whole call (prefill + decode),
 split where the first new token reaches the host: linrnn's ``Engine.stream`` yields it, transformers' ``generate``
-hands it to a streamer. The decode rate is ``batch · (new − 1) / decode seconds`` (medians of 3 rounds) and the step
-time its inverse at batch 1. Reported (``extra_info``): ms per decode step, decode tokens/s, prefill seconds, peak
-GiB, and the bytes of decode state per sequence (linrnn: short-conv histories and fp32 recurrent states; the Llama:
-the bf16 KV cache at the prompt length and at 32k). A setting whose KV cache cannot fit on the card is skipped for
-the Llama.
+hands it to a streamer. The decode rate is ``batch · (new − 1) / decode seconds`` (medians of ``GENERATE_BENCH_ROUNDS``
+rounds, default 3, after a warm-up call) and the step time its inverse at batch 1. Reported (``extra_info``): ms per
+decode step, decode tokens/s, prefill seconds, peak GiB, and the bytes of decode state per sequence (linrnn:
+short-conv histories and fp32 recurrent states; the Llama: the bf16 KV cache at the prompt length and at 32k). A
+setting whose KV cache cannot fit on the card is skipped for the Llama.
 
 CPU dry run (tiny models, linrnn only)::
 
@@ -35,6 +35,7 @@ DEVICE = os.environ.get("GENERATE_BENCH_DEVICE", "cuda")
 _SETTINGS = os.environ.get("GENERATE_BENCH_SETTINGS", "1x512x128,32x4096x128,256x4096x64")
 SETTINGS = [tuple(map(int, s.split("x"))) for s in _SETTINGS.split(",")]
 MODELS = os.environ.get("GENERATE_BENCH_MODELS", "linrnn_gdn,linrnn_kda,llama,fla_gdn,fla_kda").split(",")
+ROUNDS = int(os.environ.get("GENERATE_BENCH_ROUNDS", "3"))
 DEADLINE = float(os.environ.get("GENERATE_BENCH_DEADLINE", "inf"))  # epoch seconds: later tests skip
 VOCAB, HIDDEN, LAYERS, HEADS, MLP = (32000, 1024, 21, 6, 2816) if DEVICE == "cuda" else (512, 64, 2, 2, 128)
 LLAMA_LAYERS, LLAMA_HEADS = (24, 16) if DEVICE == "cuda" else (2, 4)
@@ -149,7 +150,7 @@ def test_generate(benchmark, name, setting):
         if DEVICE == "cuda":
             torch.cuda.reset_peak_memory_stats()
         timings = []
-        benchmark.pedantic(lambda: timings.append(run(ids, new)), rounds=3, iterations=1)
+        benchmark.pedantic(lambda: timings.append(run(ids, new)), rounds=ROUNDS, iterations=1)
     prefill_s = statistics.median(prefill for prefill, _ in timings)
     decode_s = statistics.median(decode for _, decode in timings)
     benchmark.extra_info.update(
