@@ -59,12 +59,5 @@ if [ "$step" != check ]; then
   python3 benchmarks/report.py "$out/chunk.json" || echo "no benchmark results"
 fi
 
-# Back: the whole cache if it fits in one returned file (16 MiB), else only the autotune results
-tar czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
-if [ "$(stat -c %s "$out/triton_cache.tgz")" -gt $((15 * 1024 * 1024)) ]; then
-  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar czf "$out/triton_cache.tgz" --null -T -)
-  echo "triton cache too large to return whole: autotune results only"
-fi
-echo "triton cache back: $(find "$TRITON_CACHE_DIR" -name '*.autotune.json' | wc -l) autotune results," \
-  "$(du -sh "$TRITON_CACHE_DIR" | cut -f1) unpacked, $(du -h "$out/triton_cache.tgz" | cut -f1) packed"
+bash scripts/pack_triton_cache.sh "$TRITON_CACHE_DIR" "$out/triton_cache.tgz"
 exit "$status"

@@ -4,7 +4,8 @@
 # is on the machine) and .triton_cache.tgz when there is one.
 # Usage: bash scripts/gpu_generate.sh [more pytest arguments]; GENERATE_BENCH_MODELS, GENERATE_BENCH_SETTINGS (the
 # test module's docstring), GENERATE_BENCH_SECONDS (default 540) bounds the run, and no test starts in its last
-# GENERATE_BENCH_MARGIN seconds (default 120). Writes $OUT/generate.json, $OUT/generate.log.
+# GENERATE_BENCH_MARGIN seconds (default 120). Writes $OUT/generate.json, $OUT/generate.log and
+# $OUT/triton_cache.tgz.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 out="${OUT:-/tmp}"
@@ -19,3 +20,4 @@ timeout -k 20 "$seconds" python3 -m pytest -q -p no:cacheprovider benchmarks/tes
   --benchmark-only --benchmark-json="$out/generate.json" --benchmark-columns=median,rounds "$@" > "$out/generate.log" 2>&1 \
   || tail -40 "$out/generate.log"
 python3 benchmarks/report.py "$out/generate.json" || echo "no benchmark results"
+bash scripts/pack_triton_cache.sh "$TRITON_CACHE_DIR" "$out/triton_cache.tgz"

@@ -23,4 +23,4 @@ timeout -k 20 "$seconds" python3 -m pytest -q -p no:cacheprovider benchmarks/tes
   --benchmark-only --benchmark-json="$out/model.json" --benchmark-columns=median,rounds "$@" > "$out/model.log" 2>&1 \
   || tail -40 "$out/model.log"
 python3 benchmarks/report.py "$out/model.json" || echo "no benchmark results"
-tar czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
+bash scripts/pack_triton_cache.sh "$TRITON_CACHE_DIR" "$out/triton_cache.tgz"

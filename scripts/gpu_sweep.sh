@@ -57,7 +57,4 @@ else
   grep -v -i warn "$out/sweep.log" | tail -60
   cp "$table" "$out/sweep/" 2>/dev/null
 fi
-tar czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
-if [ "$(stat -c %s "$out/triton_cache.tgz")" -gt $((15 * 1024 * 1024)) ]; then
-  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar czf "$out/triton_cache.tgz" --null -T -)
-fi
+bash scripts/pack_triton_cache.sh "$TRITON_CACHE_DIR" "$out/triton_cache.tgz"

@@ -58,7 +58,4 @@ else
   run two 150 2 "-m linrnn.train" "${fsdp[@]}" --training.local_batch_size 2
   python3 scripts/train_report.py one="$out/one" accum="$out/accum" two="$out/two" | tee "$out/report.md"
 fi
-tar czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
-if [ "$(stat -c %s "$out/triton_cache.tgz")" -gt $((15 * 1024 * 1024)) ]; then
-  (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar czf "$out/triton_cache.tgz" --null -T -)
-fi
+bash scripts/pack_triton_cache.sh "$TRITON_CACHE_DIR" "$out/triton_cache.tgz"

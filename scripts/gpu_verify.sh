@@ -40,5 +40,4 @@ for name in short_conv fused fused_recurrent inference compile packed; do
   grep -E "^(FAILED|ERROR)" "$out/$name.log"
 done
 if [ -f "$out/check.log" ]; then grep -E "PASS|FAIL|NOT RUN|passed" "$out/check.log"; fi
-tar czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
-ls -la "$out/triton_cache.tgz"
+bash scripts/pack_triton_cache.sh "$TRITON_CACHE_DIR" "$out/triton_cache.tgz"
