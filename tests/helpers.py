@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -79,3 +81,20 @@ def nan_filled(shape, dtype, device):
     """A stand-in for the kernels' ``new_output``: buffers start as NaN, so an element a kernel does not write
     fails the comparison that follows."""
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+@contextlib.contextmanager
+def recorded_copies():
+    """Records the shape of every non-contiguous tensor ``.contiguous()`` copies inside the block (a list)."""
+    copied, original = [], torch.Tensor.contiguous
+
+    def contiguous(x, *args, **kwargs):
+        if not x.is_contiguous():
+            copied.append(tuple(x.shape))
+        return original(x, *args, **kwargs)
+
+    torch.Tensor.contiguous = contiguous
+    try:
+        yield copied
+    finally:
+        torch.Tensor.contiguous = original

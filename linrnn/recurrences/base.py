@@ -285,7 +285,7 @@ class LinearRNNMixer(nn.Module):
     def write_strength(self, pre: Tensor) -> Tensor:
         """``beta = sigmoid(W_β x)`` ``[B, T, H]`` (at least fp32) from ``pre = W_β x``, times ``beta_scale``."""
         beta = at_least_fp32(pre).sigmoid()
-        return self.beta_scale * beta if self.config.allow_neg_eigval else beta
+        return beta if self.beta_scale == 1 else self.beta_scale * beta
 
     def gates(self, projected: dict[str, Tensor], k: Tensor, extra: dict[str, Tensor]) -> dict[str, Tensor]:
         """The cell's recurrence inputs besides q, k, v, as its op names them: any of ``g`` (log-decay

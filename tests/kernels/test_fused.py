@@ -20,7 +20,7 @@ from linrnn.kernels.fused import (  # noqa: E402
     rms_norm,
     swiglu,
 )
-from tests.helpers import nan_filled  # noqa: E402
+from tests.helpers import nan_filled, recorded_copies  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="needs triton"))]
@@ -172,24 +172,16 @@ def test_l2_normalize_matches_formula(backend, shape):
 
 @pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_l2_normalize_reads_a_column_slice_in_place(backend, monkeypatch):
+def test_l2_normalize_reads_a_column_slice_in_place(backend):
     """Heads of a column slice of a wider [B, T, C] matrix (the mixers' short-conv output): the formula's output
     and gradient, and on the Triton path no copy of the slice, forward or backward."""
     torch.manual_seed(7)
     wide = torch.randn(2, 9, 3 * 20 + 11, dtype=torch.float64).float().to(DEVICE).requires_grad_()
-    copied, original = [], torch.Tensor.contiguous
-
-    def contiguous(x, *args, **kwargs):
-        if not x.is_contiguous():
-            copied.append(tuple(x.shape))
-        return original(x, *args, **kwargs)
-
-    monkeypatch.setattr(torch.Tensor, "contiguous", contiguous)
-    check_against_formula(lambda w, eps: l2_normalize(w[..., 5:65].unflatten(-1, (3, 20)), eps, torch.float32,
-                                                      backend),
-                          lambda w, eps: l2_formula(w[..., 5:65].unflatten(-1, (3, 20)), eps), (wide, 1e-6),
-                          atol=2e-6, dtype_out=torch.float32)  # fmt: skip
-    monkeypatch.undo()
+    with recorded_copies() as copied:
+        check_against_formula(lambda w, eps: l2_normalize(w[..., 5:65].unflatten(-1, (3, 20)), eps, torch.float32,
+                                                          backend),
+                              lambda w, eps: l2_formula(w[..., 5:65].unflatten(-1, (3, 20)), eps), (wide, 1e-6),
+                              atol=2e-6, dtype_out=torch.float32)  # fmt: skip
     assert not copied or backend == "torch", copied
 
 

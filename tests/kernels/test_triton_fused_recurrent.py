@@ -17,7 +17,7 @@ if importlib.util.find_spec("triton") is None:
 
 from linrnn import ops  # noqa: E402
 from linrnn.kernels.triton import fused_recurrent  # noqa: E402
-from tests.helpers import CELLS, OPS, assert_close, make_inputs, nan_filled  # noqa: E402
+from tests.helpers import CELLS, OPS, assert_close, make_inputs, nan_filled, recorded_copies  # noqa: E402
 
 
 def run(cell, inputs, **op_args):
@@ -63,7 +63,7 @@ def test_varlen_and_bf16(cell):
 
 @pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("cell", CELLS)
-def test_inputs_read_in_place_from_column_slices(cell, monkeypatch):
+def test_inputs_read_in_place_from_column_slices(cell):
     """q, k, v (and the erase direction) as column slices of one wider [B, T, C] matrix — how the mixers' short
     conv hands them over — are read where they are (no copies) and give the contiguous inputs' result."""
     inputs = make_inputs(cell, B=3, T=5, H=2, K=16, V=24, initial_state=True, dtype=torch.float32, seed=11)
@@ -77,16 +77,8 @@ def test_inputs_read_in_place_from_column_slices(cell, monkeypatch):
         sliced[n] = wide[..., start : start + width].unflatten(-1, inputs[n].shape[2:])
         start += width
         assert not sliced[n].is_contiguous()
-    copied, original = [], torch.Tensor.contiguous
-
-    def contiguous(x, *args, **kwargs):
-        if not x.is_contiguous():
-            copied.append(tuple(x.shape))
-        return original(x, *args, **kwargs)
-
-    monkeypatch.setattr(torch.Tensor, "contiguous", contiguous)
-    o, final = run(cell, sliced, backend="triton")
-    monkeypatch.undo()
+    with recorded_copies() as copied:
+        o, final = run(cell, sliced, backend="triton")
     assert not copied, f"copied: {copied}"
     torch.testing.assert_close(o, expected[0], rtol=0, atol=0)
     torch.testing.assert_close(final, expected[1], rtol=0, atol=0)

@@ -120,12 +120,15 @@ def test_one_projection_gemm_equals_the_modules(cell):
     separate = {name: module(x) for name, module in mixer.input_projections().items()}
     separate["streams"] = torch.cat([separate[name] for name in mixer.stream_names], dim=-1)
     assert fused.keys() == separate.keys() and len(fused) >= 6
+    assert_same_outputs_and_weight_grads(mixer, fused, separate)
+
+
+def assert_same_outputs_and_weight_grads(mixer, fused: dict, separate: dict) -> None:
+    """Equal outputs (fp64) and equal gradients of every mixer weight under one random cotangent per output."""
     weights = [p for p in mixer.parameters() if p.requires_grad]
-    cotangent = {name: torch.randn_like(y) for name, y in separate.items()}
-    grads = [
-        torch.autograd.grad([(fused[n] * cotangent[n]).sum() for n in fused], weights, allow_unused=True),
-        torch.autograd.grad([(separate[n] * cotangent[n]).sum() for n in fused], weights, allow_unused=True),
-    ]
+    cotangent = {name: torch.randn_like(y) for name, y in fused.items()}
+    grads = [torch.autograd.grad([(ys[n] * cotangent[n]).sum() for n in fused], weights, allow_unused=True)
+             for ys in (fused, separate)]  # fmt: skip
     for name in fused:
         torch.testing.assert_close(fused[name], separate[name], rtol=1e-12, atol=1e-12)
     for fused_grad, separate_grad in zip(*grads, strict=True):
@@ -177,7 +180,6 @@ def test_one_short_conv_equals_the_stream_modules(cell):
     width = sum(getattr(mixer, f"{name}_conv").weight.shape[0] for name in mixer.stream_names)
     history = torch.randn(1, width, mixer.config.conv_size - 1, dtype=torch.float64)
     documents = Documents.from_positions(torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1]]))
-    weights = [p for p in mixer.parameters() if p.requires_grad]
     for args in [(history, None), (None, documents)]:
         fused, fused_history = mixer.short_convs(mixer.project(x), *args, in_place=False)
         streams = {k: v for k, v in mixer.project(x).items() if k != "streams"}  # as probed: stream by stream
@@ -187,12 +189,4 @@ def test_one_short_conv_equals_the_stream_modules(cell):
             torch.testing.assert_close(fused_history, separate_history, rtol=1e-12, atol=1e-12)
         else:
             assert fused_history is None and separate_history is None
-        cotangent = {name: torch.randn_like(y) for name, y in fused.items()}
-        grads = [torch.autograd.grad([(ys[n] * cotangent[n]).sum() for n in ys], weights, allow_unused=True)
-                 for ys in (fused, separate)]  # fmt: skip
-        for name in fused:
-            torch.testing.assert_close(fused[name], separate[name], rtol=1e-12, atol=1e-12)
-        for fused_grad, separate_grad in zip(*grads, strict=True):
-            assert (fused_grad is None) == (separate_grad is None)
-            if fused_grad is not None:
-                torch.testing.assert_close(fused_grad, separate_grad, rtol=1e-12, atol=1e-12)
+        assert_same_outputs_and_weight_grads(mixer, fused, separate)

@@ -24,8 +24,9 @@ clamped), output in a chosen dtype.
 
 SwiGLU is ``y = SiLU(a) · b`` elementwise, with ``da = dy · b · SiLU'(a)`` and ``db = dy · SiLU(a)``.
 
-The Mamba-style log-decay ``g = −exp(A_log) · softplus(pre + dt_bias)`` (GDN per head, KDA per channel), forward only:
-one launch where the decoding step otherwise runs eight small ones.
+The Mamba-style log-decay ``g = −exp(A_log) · softplus(pre + dt_bias)`` (GDN per head, KDA per channel), with the
+write strength ``β = scale · sigmoid(b)`` beside it when asked, forward only: one launch where the decoding step
+otherwise runs ten small ones.
 """
 
 from __future__ import annotations
