@@ -2,8 +2,8 @@
 # One device call: carried wheels (.whl: pydantic and deps, fla-core 0.6.0), then the GPU benchmarks.
 # Writes $OUT/decode.json and prints the RESULTS.md table.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD" FLA_DISABLE_BACKEND_DISPATCH=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${SITE:=/tmp/site}" .whl/*.whl || exit 1
+export PYTHONPATH="$SITE:$PWD" FLA_DISABLE_BACKEND_DISPATCH=1
 out="${OUT:-/tmp}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__)"

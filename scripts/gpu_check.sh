@@ -3,8 +3,8 @@
 # Usage (device tool): bash scripts/gpu_check.sh   with .whl carried (pydantic and its deps for Python 3.12).
 set -uo pipefail
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${SITE:=/tmp/site}" .whl/*.whl || exit 1
+  export PYTHONPATH="$SITE"
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

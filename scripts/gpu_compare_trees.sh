@@ -9,8 +9,8 @@ set -uo pipefail
 old="$(cd "$1" && pwd)"
 runs="${2:-2}"
 shift $(($# < 2 ? $# : 2))
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${SITE:=/tmp/site}" .whl/*.whl || exit 1
+export PYTHONPATH="$SITE" PYTHONUNBUFFERED=1
 out="${OUT:-/tmp}"
 new="$PWD"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

@@ -13,9 +13,9 @@
 # most SECONDS.
 # Carry .whl, .whl-train (torchtitan, tokenizers, ...), .data (the prepared corpus) and .triton_cache.tgz.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${SITE:=/tmp/site}" \
   .whl/*.whl .whl-train/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD" LINRNN_DATA="$PWD/.data" PYTHONUNBUFFERED=1
+export PYTHONPATH="$SITE:$PWD" LINRNN_DATA="$PWD/.data" PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1 TRITON_STORE_BINARY_ONLY=1
 out="${OUT:-/tmp}"
 mkdir -p "$TRITON_CACHE_DIR" "$out/sweep"

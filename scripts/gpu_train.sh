@@ -14,9 +14,9 @@
 # Writes $OUT/<run>/metrics.jsonl, $OUT/<run>.log, $OUT/report.md and $OUT/triton_cache.tgz.
 set -uo pipefail
 mode="${1:-single}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${SITE:=/tmp/site}" \
   .whl/*.whl .whl-train/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD" LINRNN_DATA="$PWD/.data" FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$SITE:$PWD" LINRNN_DATA="$PWD/.data" FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1 TRITON_STORE_BINARY_ONLY=1
 out="${OUT:-/tmp}"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Two device scripts at once on a two-GPU machine (nvidia-h100-x2): the first on GPU 0 and the first half of the
+# CPU cores, the second on GPU 1 and the other half, each with its own wheel folder (SITE) and output folder
+# ($OUT/gpu0, $OUT/gpu1; its console output in $OUT/gpu0.txt, $OUT/gpu1.txt). A timing run keeps its GPU and its
+# cores to itself; the Triton cache folder is shared (Triton writes its files atomically).
+# Usage: bash scripts/gpu_pair.sh "ENV=... bash scripts/gpu_verify.sh" "ENV=... bash scripts/gpu_model.sh"
+set -uo pipefail
+out="${OUT:-/tmp}"
+cores=$(nproc)
+half=$((cores / 2))
+pins=("0-$((half - 1))" "$half-$((cores - 1))")
+commands=("$1" "$2")
+for gpu in 0 1; do
+  mkdir -p "$out/gpu$gpu"
+  CUDA_VISIBLE_DEVICES=$gpu SITE=/tmp/site$gpu OUT="$out/gpu$gpu" taskset -c "${pins[$gpu]}" \
+    bash -c "${commands[$gpu]}" > "$out/gpu$gpu.txt" 2>&1 &
+done
+wait
+for gpu in 0 1; do
+  echo "===== GPU $gpu (cores ${pins[$gpu]}): ${commands[$gpu]}"
+  cat "$out/gpu$gpu.txt"
+done
