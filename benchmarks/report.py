@@ -81,10 +81,10 @@ def chunk_tables(rows: list[dict]) -> None:
 
 
 def model_table(rows: list[dict]) -> None:
-    """benchmarks/test_model_gpu.py: tokens/s and peak memory per model and shape, with the ratios to FLA's model
-    of the same cell and to the Llama in the same run."""
-    print("| shape | model | tokens/s | peak GiB | × FLA (same cell) | × Llama | params | last loss |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    """benchmarks/test_model_gpu.py: tokens/s and peak memory (allocated, and reserved: a CUDA graph's pool shows only
+    there) per model and shape, with the ratios to FLA's model of the same cell and to the Llama in the same run."""
+    print("| shape | model | tokens/s | peak GiB | reserved GiB | × FLA (same cell) | × Llama | params | last loss |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     by_shape = defaultdict(dict)
     for row in rows:
         by_shape[(row["batch"], row["steps"])][row["model"]] = row
@@ -94,9 +94,11 @@ def model_table(rows: list[dict]) -> None:
             cell = name.split("_")[1] if "_" in name else None
             fla = models.get(f"fla_{cell}", {}).get("tokens_per_s")
             versus_fla, versus_llama = (_ratio(row["tokens_per_s"], peer) for peer in (fla, llama))
-            peak = f"{row['peak_gib']:.1f}" if row.get("peak_gib") is not None else "–"
+            peak, reserved = (f"{row[key]:.1f}" if row.get(key) is not None else "–"
+                              for key in ("peak_gib", "reserved_gib"))  # fmt: skip
             print(
-                f"| {batch}×{steps} | {name} | {row['tokens_per_s']:,.0f} | {peak} | {versus_fla} | {versus_llama} | "
+                f"| {batch}×{steps} | {name} | {row['tokens_per_s']:,.0f} | {peak} | {reserved} | {versus_fla} | "
+                f"{versus_llama} | "
                 f"{row['params'] / 1e6:.1f}M | {row['last_loss']:.3f} |"
             )
 
