@@ -6,7 +6,9 @@
 #   bash scripts/gpu_train.sh compile  # nvidia-h100-x1: the same 200 steps as "single" with --compile.enable (each
 #                                      # block through torch.compile with linrnn's custom ops); compare with "single"
 #   bash scripts/gpu_train.sh curve    # nvidia-h100-x1: issue 24's check, 200 steps eager then 200 steps with
-#                                      # --compile.enable, no validation: tokens/s, MFU (6·N) and the two loss curves
+#                                      # --compile.enable, no validation: tokens/s, MFU (6·N) and the two loss curves;
+#                                      # CURVE_SEEDS="1 2" adds the same pair from other initialisations (--debug.seed):
+#                                      # the spread that compiled − eager is judged against
 #   bash scripts/gpu_train.sh fsdp     # nvidia-h200-x2: the packed-document GPU test, then the same global batch
 #                                      # (4 × 4096) on 1 GPU, on 1 GPU as 2 micro-batches, and on 2 GPUs with FSDP
 # Carry .whl (fla-core, pydantic), .whl-train (torchtitan and its pure-Python dependencies, tokenizers), .data
@@ -43,10 +45,17 @@ if [ "$mode" = single ]; then
   run fla 200 1 scripts/train_fla.py --training.steps 40 --validator.no-enable
   python3 scripts/train_report.py linrnn="$out/linrnn" fla="$out/fla" | tee "$out/report.md"
 elif [ "$mode" = curve ]; then
-  run eager "${CURVE_EAGER_S:-200}" 1 "-m linrnn.train" --training.steps 200 --validator.no-enable
-  run compiled "${CURVE_COMPILED_S:-330}" 1 "-m linrnn.train" --training.steps 200 --validator.no-enable \
-    --compile.enable
-  python3 scripts/train_report.py eager="$out/eager" compiled="$out/compiled" --config gdn_340m_sp | tee "$out/report.md"
+  curve=(--training.steps 200 --validator.no-enable)
+  run eager "${CURVE_EAGER_S:-200}" 1 "-m linrnn.train" "${curve[@]}"
+  run compiled "${CURVE_COMPILED_S:-330}" 1 "-m linrnn.train" "${curve[@]}" --compile.enable
+  runs=(eager="$out/eager" compiled="$out/compiled")
+  for seed in ${CURVE_SEEDS:-}; do  # the spread to judge compiled − eager by: the same pair from another init
+    run "eager-seed$seed" "${CURVE_EAGER_S:-200}" 1 "-m linrnn.train" "${curve[@]}" --debug.seed "$seed"
+    run "compiled-seed$seed" "${CURVE_COMPILED_S:-330}" 1 "-m linrnn.train" "${curve[@]}" --debug.seed "$seed" \
+      --compile.enable
+    runs+=("eager-seed$seed=$out/eager-seed$seed" "compiled-seed$seed=$out/compiled-seed$seed")
+  done
+  python3 scripts/train_report.py "${runs[@]}" --config gdn_340m_sp | tee "$out/report.md"
 elif [ "$mode" = compile ]; then
   run compiled 540 1 "-m linrnn.train" --training.steps 200 --validator.freq 100 --compile.enable
   python3 scripts/train_report.py compiled="$out/compiled" | tee "$out/report.md"
