@@ -2,19 +2,23 @@
 
 Two ops, each with a fake (meta) implementation that gives only shapes and dtypes:
 
-- ``linrnn::chunk_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, ...) -> (o, final_state)``
-- ``linrnn::chunk_backward(do, d_final, <the forward's inputs>) -> (dq, dk, dw, dv, dg, dbeta, d_initial,
-  d_log_gamma)``
+- ``linrnn::chunk_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, ..., keep_states) -> (o,
+  final_state, states, values)``
+- ``linrnn::chunk_backward(do, d_final, <the forward's inputs>, states, values) -> (dq, dk, dw, dv, dg, dbeta,
+  d_initial, d_log_gamma)``
 
 registered as each other's autograd (``register_autograd``). Arguments follow ``triton.chunk.chunk_forward``:
 ``k`` is the erase direction (the write key too when ``w`` is None), ``w`` a decoupled write key, ``erase=False``
 drops the erase term. ``backend`` is ``"torch"`` (``chunked.recurrence_chunked``) or ``"triton"``.
 
-The backward recomputes what it needs from the inputs instead of the forward saving its intermediates: autograd
-keeps only the op's inputs alive between forward and backward (activation memory), and the op's outputs are the
-same for every caller. The Triton backward reruns the forward launches for their buffers (not the output kernel,
-except with per-head decay, where it forms ``A_qk``); the torch backward reruns the chunked forward under
-``torch.func.vjp``.
+The backward recomputes what it needs from the inputs instead of the forward saving its intermediates, with one
+exception: the Triton forward with ``keep_states`` (what ``chunk_recurrence`` asks for when autograd records) also
+returns the chunk start states ``[rows, H, K, V]`` and, with erase, the corrected values ``U`` ``[B·T, H, V]`` in
+the inputs' dtype, and the backward reuses them. Those come from the sequential state pass, the one launch whose
+time grows with the sequence length rather than the batch (at 1×16384 with 6 heads it has 96 programs walking 256
+chunks); the parallel launches (decay cumsums, intra-chunk matrices, the block solve) rerun in the backward, and
+the output kernel too with per-head decay, where it forms ``A_qk``. The torch backward reruns the chunked forward
+under ``torch.func.vjp``.
 
 GammaNet (``log_gamma``): the ops run the kernels on ``Γq`` and ``Γ⁻¹w`` in the inputs' dtype (bf16 under autocast)
 and the backward asks the kernels for the gradients of those two in fp32. ``d log Γ = Σ Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)``
@@ -37,6 +41,9 @@ from linrnn.kernels.chunked import recurrence_chunked
 from linrnn.kernels.reference import compute_dtype
 
 _NOTHING = (0,)  # shape of the stand-in for an absent tensor
+# the Triton forward keeps its chunk states and corrected values for the backward when autograd records (module
+# docstring); False reruns the state pass in the backward instead (less activation memory, one more sequential pass)
+KEEP_STATES = True
 
 
 def _absent(like: Tensor) -> Tensor:
@@ -64,20 +71,25 @@ def chunk_forward_op(
     fp32_accurate: bool,
     backend: str,
     chunk_size: int,
-) -> tuple[Tensor, Tensor]:
+    keep_states: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     if log_gamma is not None:
-        q, w, _ = fold(q, w, log_gamma)
+        q, w, _ = fold(q, w, log_gamma, backend)
+    states = values = None
     if backend == "triton":
         from linrnn.kernels.triton.chunk import chunk_forward
 
         args = [x if x is None else x.contiguous() for x in (q, k, w, v, g, beta, initial_state)]
-        o, final, _ = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
-                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                    fp32_accurate=fp32_accurate)  # fmt: skip
+        o, final, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
+                                        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                        fp32_accurate=fp32_accurate)  # fmt: skip
+        if keep_states:
+            states, values = saved["states"], saved["U"]
     else:
         o, final = _torch_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, output_final_state,
                                   chunk_size)  # fmt: skip
-    return o.contiguous(), (final.contiguous() if final is not None else _absent(o))  # the fake's layout
+    final = final.contiguous() if final is not None else None  # the fake's layout
+    return o.contiguous(), *(_absent(o) if x is None else x for x in (final, states, values))
 
 
 def _torch_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, output_final_state, chunk_size):
@@ -88,22 +100,35 @@ def _torch_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale,
                               chunk_size=chunk_size or None)  # fmt: skip
 
 
-def fold(q: Tensor, w: Tensor, log_gamma: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def fold(q: Tensor, w: Tensor, log_gamma: Tensor, backend: str = "torch") -> tuple[Tensor, Tensor, Tensor]:
     """GammaNet's fold of the query and the write key: ``(Γq, Γ⁻¹w)`` computed in at least fp32 and returned in
-    q's dtype (the kernels' operands), and ``Γ = exp(log_gamma)`` ``[H, K]`` in that wider dtype."""
+    q's and w's dtypes (the kernels' operands), and ``Γ = exp(log_gamma)`` ``[H, K]`` in that wider dtype. On the
+    Triton path one launch (``triton.fused.fold_forward``)."""
     gamma = log_gamma.to(compute_dtype(q.dtype)).exp()
+    if backend == "triton":
+        from linrnn.kernels.triton.fused import fold_forward
+
+        return *fold_forward(q.contiguous(), w.contiguous(), gamma.contiguous()), gamma
     return (q.to(gamma.dtype) * gamma).to(q.dtype), (w.to(gamma.dtype) / gamma).to(w.dtype), gamma
 
 
 @chunk_forward_op.register_fake
 def _(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, output_final_state, fp32_accurate,
-      backend, chunk_size):  # fmt: skip
+      backend, chunk_size, keep_states):  # fmt: skip
     o = v.new_empty(v.shape)
-    if not output_final_state:
-        return o, _absent(o)
-    sequences = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    state_dtype = compute_dtype(q.dtype) if backend == "torch" else torch.float32
-    return o, q.new_empty((sequences, q.shape[2], q.shape[3], v.shape[3]), dtype=state_dtype)
+    (batch, steps, heads, key_dim), value_dim = q.shape, v.shape[3]
+    sequences = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    final, states, values = _absent(o), _absent(o), _absent(o)  # three tensors: the real op's do not alias
+    if output_final_state:
+        state_dtype = compute_dtype(q.dtype) if backend == "torch" else torch.float32
+        final = q.new_empty((batch if sequences is None else sequences, heads, key_dim, value_dim), dtype=state_dtype)
+    if keep_states and backend == "triton":
+        from linrnn.kernels.triton.chunk import state_rows
+
+        states = q.new_empty((state_rows(batch, steps, sequences), heads, key_dim, value_dim))
+        if erase:
+            values = v.new_empty((batch * steps, heads, value_dim))
+    return o, final, states, values
 
 
 @torch.library.custom_op("linrnn::chunk_backward", mutates_args=())
@@ -124,18 +149,21 @@ def chunk_backward_op(
     fp32_accurate: bool,
     backend: str,
     chunk_size: int,
+    states: Tensor,
+    values: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     d_final = _present(d_final)
     folded_q, folded_w = q, w
     if log_gamma is not None:
-        folded_q, folded_w, gamma = fold(q, w, log_gamma)
+        folded_q, folded_w, gamma = fold(q, w, log_gamma, backend)
     if backend == "triton":
         from linrnn.kernels.triton.chunk import chunk_backward, chunk_forward
 
         args = [x if x is None else x.contiguous() for x in (folded_q, k, folded_w, v, g, beta, initial_state)]
+        kept = None if _present(states) is None else (states, _present(values))  # the forward's state pass
         _, _, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                     output_final_state=False, cu_seqlens=cu_seqlens, fp32_accurate=fp32_accurate,
-                                    need_output=False)  # fmt: skip
+                                    need_output=False, kept=kept)  # fmt: skip
         grads = chunk_backward(do, d_final, *args, saved, erase=erase, scale=scale, fp32_grads=log_gamma is not None)
         grads = [*grads[:-1], None if grads[-1] is None else grads[-1].to(initial_state.dtype)]
     else:
@@ -144,7 +172,13 @@ def chunk_backward_op(
         grads = _torch_backward(do, d_final, folded_q, k, folded_w, v, g, beta, initial_state, cu_seqlens, erase,
                                 scale, chunk_size)  # fmt: skip
     d_log_gamma = None
-    if log_gamma is not None:  # back through the fold, in the wide dtype: d log Γ = Σ Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)
+    if log_gamma is not None and backend == "triton":  # the same as below in one launch
+        from linrnn.kernels.triton.fused import fold_backward
+
+        dq, dw, d_log_gamma = fold_backward(folded_q, folded_w, gamma, grads[0], grads[2], (q.dtype, w.dtype))
+        grads = [dq, grads[1], dw, *grads[3:]]
+        d_log_gamma = d_log_gamma.to(log_gamma.dtype)
+    elif log_gamma is not None:  # back through the fold, in the wide dtype: d log Γ = Σ Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)
         d_folded_q, d_folded_w = grads[0].to(gamma.dtype), grads[2].to(gamma.dtype)
         # the operands as the kernels saw them (rounded): the sums cancel nearly exactly at that point, not beside it
         d_log_gamma = (folded_q.to(gamma.dtype) * d_folded_q - folded_w.to(gamma.dtype) * d_folded_w).sum((0, 1))
@@ -174,26 +208,27 @@ def _torch_backward(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens,
 
 @chunk_backward_op.register_fake
 def _(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, fp32_accurate, backend,
-      chunk_size):  # fmt: skip
+      chunk_size, states, values):  # fmt: skip
     inputs = (q, k, w, v, g, beta, initial_state, log_gamma)
     return tuple(_absent(do) if x is None else x.new_empty(x.shape) for x in inputs)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, _, fp32_accurate, backend,
-     chunk_size) = inputs  # fmt: skip
-    ctx.save_for_backward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma)
+     chunk_size, _) = inputs  # fmt: skip
+    _, _, states, values = output
+    ctx.save_for_backward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, states, values)
     ctx.options = (erase, scale, fp32_accurate, backend, chunk_size)
 
 
-def _backward(ctx, do, d_final):
-    q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma = ctx.saved_tensors
+def _backward(ctx, do, d_final, _d_states, _d_values):
+    q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, states, values = ctx.saved_tensors
     if d_final is None or d_final.numel() == 0:
         d_final = _absent(do)
     grads = chunk_backward_op(do.contiguous(), d_final.contiguous(), q, k, w, v, g, beta, initial_state,
-                              cu_seqlens, log_gamma, *ctx.options)  # fmt: skip
+                              cu_seqlens, log_gamma, *ctx.options, states, values)  # fmt: skip
     *grads, d_log_gamma = [_present(grad) for grad in grads]
-    return (*grads, None, d_log_gamma, *([None] * 6))  # cu_seqlens and the options get no gradient
+    return (*grads, None, d_log_gamma, *([None] * 7))  # cu_seqlens and the options get no gradient
 
 
 chunk_forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -212,7 +247,9 @@ def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_f
         erase_direction, write_key = e, w
     if cu_seqlens is not None and cu_seqlens.dtype != torch.int64:
         cu_seqlens = cu_seqlens.long()
-    o, final = chunk_forward_op(q, erase_direction, write_key, v, g, beta, initial_state, cu_seqlens, log_gamma,
-                                e is not None, float(scale), output_final_state, fp32_accurate, backend,
-                                chunk_size or 0)  # fmt: skip
+    inputs = (q, w, v, e, g, beta, initial_state, log_gamma)
+    records = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
+    o, final, _, _ = chunk_forward_op(q, erase_direction, write_key, v, g, beta, initial_state, cu_seqlens, log_gamma,
+                                      e is not None, float(scale), output_final_state, fp32_accurate, backend,
+                                      chunk_size or 0, KEEP_STATES and records and backend == "triton")  # fmt: skip
     return o, final if output_final_state else None

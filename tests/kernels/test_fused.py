@@ -252,6 +252,36 @@ def test_mamba_gates_match_formula(backend, beta_scale, per_channel):
     torch.testing.assert_close(beta.cpu().double(), expected_beta, rtol=1e-6, atol=0)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 21, 3, 20), (1, 37, 2, 128)], ids=["odd", "K128"])
+def test_gammanet_fold_kernels_match_formula(poisoned_outputs, dtype, shape):
+    """GammaNet's fold and its backward in one launch each way (``triton.fused.fold_forward/backward``) against the
+    formulas in fp64 from the same rounded operands: Γq and Γ⁻¹w rounded once to the input dtype; dq, dw from fp32
+    gradients; d log Γ = Σ_{B,T} Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w). Rows and columns not multiples of the tile."""
+    from linrnn.kernels.triton.fused import fold_backward, fold_forward
+
+    torch.manual_seed(sum(shape))
+    q, w = (torch.randn(*shape).to(dtype).to(DEVICE) for _ in range(2))
+    gamma = (0.5 * torch.randn(shape[2:])).exp().to(DEVICE)
+    folded_q, folded_w = fold_forward(q, w, gamma)
+    exact_gamma = gamma.cpu().double()
+    assert folded_q.dtype == folded_w.dtype == dtype
+    # one rounding to the input dtype: within one unit in the last place (the interpreter's bf16 cast truncates)
+    ulp = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-23
+    for got, want in ((folded_q, q.cpu().double() * exact_gamma), (folded_w, w.cpu().double() / exact_gamma)):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=ulp, atol=0)
+    d_folded_q, d_folded_w = (torch.randn(*shape).to(DEVICE) for _ in range(2))
+    dq, dw, d_log_gamma = fold_backward(folded_q, folded_w, gamma, d_folded_q, d_folded_w, (dtype, dtype))
+    assert dq.dtype == dw.dtype == dtype and d_log_gamma.dtype == torch.float32 and d_log_gamma.shape == gamma.shape
+    fq, fw, dfq, dfw = (t.cpu().double() for t in (folded_q, folded_w, d_folded_q, d_folded_w))
+    torch.testing.assert_close(dq.cpu().double(), dfq * exact_gamma, rtol=ulp, atol=0)
+    torch.testing.assert_close(dw.cpu().double(), dfw / exact_gamma, rtol=ulp, atol=0)
+    expected = (fq * dfq - fw * dfw).sum((0, 1))
+    scale = (fq * dfq).abs().sum((0, 1)) + (fw * dfw).abs().sum((0, 1))  # fp32 sums: error relative to Σ|terms|
+    assert ((d_log_gamma.cpu().double() - expected).abs() <= 1e-6 * scale).all()
+
+
 def test_custom_op_registration():
     from linrnn.kernels.fused import add_rms_norm_op, gated_rms_norm_op, l2_normalize_op, rms_norm_op, swiglu_op
 

@@ -70,6 +70,30 @@ def test_varlen(cell):
     compare(cell, inputs, 1e-5, cu_seqlens=cu_seqlens)
 
 
+@pytest.mark.parametrize("cell", ["gla", "gated_deltanet", "kda", "gammanet"])
+@pytest.mark.parametrize("varlen", [False, True], ids=["equal", "varlen"])
+def test_kept_states_equal_recomputed(cell, varlen, monkeypatch):
+    """The backward from the forward's kept chunk states (``library.KEEP_STATES``, what autograd uses) equals the
+    one that reruns the state pass: the same kernels on the same inputs, so bit for bit."""
+    from linrnn.kernels import library
+
+    lengths = [3, 64, 1, 17] if varlen else [85]
+    inputs = make_inputs(cell, B=1, T=sum(lengths), H=2, K=12, V=10, initial_state=True, num_states=len(lengths),
+                         seed=5)  # fmt: skip
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=DEVICE) if varlen else None
+    runs = []
+    for keep in (True, False):
+        monkeypatch.setattr(library, "KEEP_STATES", keep)
+        runs.append(forward_backward(cell, to_kernel(inputs, torch.float32), backend="triton", cu_seqlens=cu_seqlens))
+    for kept, recomputed in zip(*runs, strict=True):
+        if isinstance(kept, dict):
+            assert kept.keys() == recomputed.keys()
+            for name in kept:
+                assert torch.equal(kept[name], recomputed[name]), name
+        else:
+            assert torch.equal(kept, recomputed)
+
+
 @pytest.mark.parametrize("cell", ["deltanet", "kda", "gammanet"])
 def test_extreme_gates(cell):
     """Log-decay −20 per step on some steps (per channel for KDA and GammaNet), beta exactly 0 and 1: finite and

@@ -94,6 +94,7 @@ class _Layout:
             lengths = cu_seqlens.diff().cpu()  # the grids need the number of chunks: a device sync unless on the CPU
             self.cu_seqlens = to_device(cu_seqlens.to(torch.int32), q.device)
             self.sequences, self.num_chunks, self.chunk_index, self.chunk_offsets = _chunk_index(lengths, q.device)
+        self.state_rows = state_rows(batch, steps, None if cu_seqlens is None else cu_seqlens.numel() - 1)
         decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
         self.decay = decay.value  # a plain int for the launches
         self.block_k = _block(self.key_dim, MAX_BLOCK)
@@ -117,14 +118,25 @@ class _Layout:
         return min(WARPS[kernel], 4)
 
 
+def state_rows(batch: int, steps: int, sequences: int | None) -> int:
+    """Rows of the chunk start states ``[rows, H, K, V]`` for ``[batch, steps]`` inputs, from shapes alone (a fake
+    tensor gets the same): every chunk for equal lengths; with ``sequences`` packed into ``batch · steps`` tokens
+    (varlen), a bound on their chunk count, ``Σ ⌈lᵢ / 64⌉ ≤ ⌊Σ lᵢ / 64⌋ + sequences`` (rows past it go unused)."""
+    if sequences is None:
+        return batch * triton.cdiv(steps, CHUNK)
+    return batch * steps // CHUNK + sequences
+
+
 def chunk_forward(
     q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens, fp32_accurate=True,
-    need_output=True,
+    need_output=True, kept=None,
 ):  # fmt: skip
     """Forward launches. ``k``: the erase direction (the write key when tied or without erase); ``w``: the write
     key when decoupled (w ≠ k), else None. Returns ``(o, final_state, saved)``, ``saved`` for the backward.
     ``need_output=False`` (the backward's recomputation) skips the output kernel where nothing else needs it
-    (then ``o`` is None): with per-head decay it also forms ``A_qk``, so there it runs."""
+    (then ``o`` is None): with per-head decay it also forms ``A_qk``, so there it runs. ``kept``: ``(states, U)``
+    of an earlier forward on the same inputs (``saved["states"]``, ``saved["U"]``), which skips the sequential
+    state pass (then no final state)."""
     layout = _Layout(q, v, g, cu_seqlens, fp32_accurate)
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
@@ -164,20 +176,25 @@ def chunk_forward(
             BK=_block(K, SOLVE_WU_BLOCK), BV=_block(V, SOLVE_WU_BLOCK), DECAY=layout.decay, HAS_BETA=has_beta,
             DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("solve_wu"), num_stages=layout.stages,
         )  # fmt: skip
-        U = torch.empty(TT, H, V, dtype=dtype, device=device)
+        U = torch.empty(TT, H, V, dtype=dtype, device=device) if kept is None else None
     else:
         U_v = None
 
-    states = torch.empty(NT, H, K, V, dtype=dtype, device=device)
     final = new_output((layout.sequences, H, K, V), torch.float32, device) if output_final_state else None
-    block_v = _state_block_v(layout)
-    chunk_state_fwd_kernel[(triton.cdiv(V, block_v), layout.sequences * H)](
-        k, w, v, beta, G, W_s, U_v, U, states, initial_state, final, layout.cu_seqlens, layout.chunk_offsets,
-        H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=layout.decay, ERASE=erase,
-        HAS_BETA=has_beta, DECOUPLED=decoupled, USE_INITIAL_STATE=initial_state is not None,
-        STORE_FINAL_STATE=output_final_state, PREC=layout.precision, num_warps=layout.warps("state_fwd"),
-        num_stages=layout.state_stages,
-    )  # fmt: skip
+    if kept is not None:
+        if output_final_state:
+            raise ValueError("chunk_forward: kept states give no final state; pass output_final_state=False")
+        states, U = kept
+    else:
+        states = torch.empty(layout.state_rows, H, K, V, dtype=dtype, device=device)
+        block_v = _state_block_v(layout)
+        chunk_state_fwd_kernel[(triton.cdiv(V, block_v), layout.sequences * H)](
+            k, w, v, beta, G, W_s, U_v, U, states, initial_state, final, layout.cu_seqlens, layout.chunk_offsets,
+            H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=layout.decay, ERASE=erase,
+            HAS_BETA=has_beta, DECOUPLED=decoupled, USE_INITIAL_STATE=initial_state is not None,
+            STORE_FINAL_STATE=output_final_state, PREC=layout.precision, num_warps=layout.warps("state_fwd"),
+            num_stages=layout.state_stages,
+        )  # fmt: skip
     del U_v
 
     o = None

@@ -24,6 +24,9 @@ clamped), output in a chosen dtype.
 
 SwiGLU is ``y = SiLU(a) · b`` elementwise, with ``da = dy · b · SiLU'(a)`` and ``db = dy · SiLU(a)``.
 
+GammaNet's fold ``(Γq, Γ⁻¹w)`` and its backward (``dq = Γ d(Γq)``, ``dw = Γ⁻¹ d(Γ⁻¹w)``, ``d log Γ`` as per-program
+partial sums over rows) as one launch each way instead of a dozen fp32 elementwise ones.
+
 The Mamba-style log-decay ``g = −exp(A_log) · softplus(pre + dt_bias)`` (GDN per head, KDA per channel), with the
 write strength ``β = scale · sigmoid(b)`` beside it when asked, forward only: one launch where the decoding step
 otherwise runs ten small ones.
@@ -345,3 +348,66 @@ def log_decay_forward(pre: Tensor, a_log: Tensor, dt_bias: Tensor, beta_pre: Ten
         BETA_SCALE=float(beta_scale),
     )  # fmt: skip
     return g, beta
+
+
+FOLD_ROWS, FOLD_COLUMNS = 16, 256  # a [16, 256] tile per program: the 4096 elements of TILE_ELEMENTS
+
+
+@triton.jit
+def _fold_fwd_kernel(q, w, gamma, folded_q, folded_w, n_rows, C: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    at = rows.to(tl.int64)[:, None] * C + cols[None, :]
+    mask = (rows < n_rows)[:, None] & (cols < C)[None, :]
+    g = tl.load(gamma + cols, mask=cols < C, other=1.0)[None, :]
+    q_values = tl.load(q + at, mask=mask).to(tl.float32)
+    tl.store(folded_q + at, (q_values * g).to(folded_q.dtype.element_ty), mask=mask)
+    w_values = tl.load(w + at, mask=mask).to(tl.float32)
+    tl.store(folded_w + at, (w_values / g).to(folded_w.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fold_bwd_kernel(folded_q, folded_w, gamma, d_folded_q, d_folded_w, dq, dw, d_log_gamma_partial, n_rows,
+                     C: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):  # fmt: skip
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    at = rows.to(tl.int64)[:, None] * C + cols[None, :]
+    mask = (rows < n_rows)[:, None] & (cols < C)[None, :]
+    g = tl.load(gamma + cols, mask=cols < C, other=1.0)[None, :]
+    dfq = tl.load(d_folded_q + at, mask=mask, other=0.0).to(tl.float32)
+    dfw = tl.load(d_folded_w + at, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dq + at, (dfq * g).to(dq.dtype.element_ty), mask=mask)
+    tl.store(dw + at, (dfw / g).to(dw.dtype.element_ty), mask=mask)
+    fq = tl.load(folded_q + at, mask=mask, other=0.0).to(tl.float32)
+    fw = tl.load(folded_w + at, mask=mask, other=0.0).to(tl.float32)
+    partial = tl.sum(fq * dfq - fw * dfw, axis=0)
+    tl.store(d_log_gamma_partial + tl.program_id(0) * C + cols, partial, mask=cols < C)
+
+
+def _fold_grid(x: Tensor) -> tuple[int, int, tuple[int, int]]:
+    """(rows, columns, grid) of ``[B, T, H, K]`` contiguous viewed as rows of ``H · K``."""
+    columns = x.shape[-1] * x.shape[-2]
+    n_rows = x.numel() // columns
+    return n_rows, columns, (triton.cdiv(n_rows, FOLD_ROWS), triton.cdiv(columns, FOLD_COLUMNS))
+
+
+def fold_forward(q: Tensor, w: Tensor, gamma: Tensor) -> tuple[Tensor, Tensor]:
+    """GammaNet's fold: q, w ``[B, T, H, K]`` contiguous, Γ ``[H, K]`` fp32 contiguous → ``(Γq, Γ⁻¹w)`` in q's and
+    w's dtypes, computed in fp32."""
+    n_rows, columns, grid = _fold_grid(q)
+    folded_q, folded_w = new_output(q.shape, q.dtype, q.device), new_output(w.shape, w.dtype, w.device)
+    _fold_fwd_kernel[grid](q, w, gamma, folded_q, folded_w, n_rows, C=columns, BR=FOLD_ROWS, BC=FOLD_COLUMNS)
+    return folded_q, folded_w
+
+
+def fold_backward(folded_q: Tensor, folded_w: Tensor, gamma: Tensor, d_folded_q: Tensor, d_folded_w: Tensor,
+                  dtypes: tuple[torch.dtype, torch.dtype]) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Back through the fold, all ``[B, T, H, K]`` contiguous: ``(dq = Γ d(Γq), dw = Γ⁻¹ d(Γ⁻¹w))`` in ``dtypes``
+    and ``d log Γ = Σ_{B,T} Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)`` ``[H, K]`` fp32, from the folded operands as the kernels
+    read them and their (fp32) gradients."""
+    n_rows, columns, grid = _fold_grid(folded_q)
+    dq, dw = (new_output(folded_q.shape, dtype, folded_q.device) for dtype in dtypes)
+    partial = new_output((grid[0], columns), torch.float32, folded_q.device)
+    _fold_bwd_kernel[grid](folded_q, folded_w, gamma, d_folded_q, d_folded_w, dq, dw, partial, n_rows, C=columns,
+                           BR=FOLD_ROWS, BC=FOLD_COLUMNS)  # fmt: skip
+    return dq, dw, partial.sum(0).view(gamma.shape)
