@@ -3,7 +3,12 @@
 Run on the device with the carried wheels on PYTHONPATH::
 
     python3 scripts/profile_chunk.py [--cells deltanet gated_deltanet ...] [--fla] [--shape 8x4096]
-        [--variants "" "main=4,bv128=64" ...]
+        [--heads 16 --dim 128 --value-dim 128] [--variants "" "main=4,bv128=64" ...]
+
+The 340M models' recurrence, state-pass settings side by side (issue 24's 1×16384 gap)::
+
+    python3 scripts/profile_chunk.py --cells gated_deltanet --shape 1x16384 --heads 6 --value-dim 256 --fla \
+        --variants "" "programs=48" "programs=24" "programs=48,state_bwd=4" "state_stages=3"
 
 Per cell: the median of ``triton.testing.do_bench`` for forward and forward+backward, then one profiled
 forward+backward averaged over ``--repeats`` calls, every kernel's mean time, sorted. ``--fla`` adds FLA 0.6.0's
@@ -33,14 +38,15 @@ from linrnn.kernels.triton import chunk
 CELLS = ["gla", "deltanet", "gated_deltanet", "kda", "gammanet"]
 
 
-def make_inputs(batch, steps, heads, dim):
+def make_inputs(batch, steps, heads, dim, value_dim=None):
     torch.manual_seed(0)
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    value_dim = value_dim or dim
     x = dict(
         q=torch.randn(batch, steps, heads, dim, **bf16),
         k=F.normalize(torch.randn(batch, steps, heads, dim, device="cuda"), dim=-1).bfloat16(),
         a=F.normalize(torch.randn(batch, steps, heads, dim, device="cuda"), dim=-1).bfloat16(),
-        v=torch.randn(batch, steps, heads, dim, **bf16),
+        v=torch.randn(batch, steps, heads, value_dim, **bf16),
         g_head=F.logsigmoid(torch.randn(batch, steps, heads, device="cuda") + 3),
         g_chan=F.logsigmoid(torch.randn(batch, steps, heads, dim, device="cuda") + 3),
         beta=torch.rand(batch, steps, heads, device="cuda").sigmoid(),
@@ -48,7 +54,7 @@ def make_inputs(batch, steps, heads, dim):
     )
     for t in x.values():
         t.requires_grad_()
-    return x, torch.randn(batch, steps, heads, dim, **bf16)
+    return x, torch.randn(batch, steps, heads, value_dim, **bf16)
 
 
 def linrnn_op(cell, x):
@@ -163,14 +169,15 @@ def main():
     parser.add_argument("--cells", nargs="+", default=CELLS, choices=CELLS)
     parser.add_argument("--shape", default="8x4096")
     parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--dim", type=int, default=128, help="key width K (and V unless --value-dim)")
+    parser.add_argument("--value-dim", type=int, help="value width V (the 340M models: --heads 6 --value-dim 256)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--variants", nargs="+", default=[""], help="launch settings to compare (module docstring)")
     parser.add_argument("--fla", action="store_true", help="also profile FLA 0.6.0's matching op")
     args = parser.parse_args()
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
     batch, steps = map(int, args.shape.split("x"))
-    x, d_o = make_inputs(batch, steps, args.heads, args.dim)
+    x, d_o = make_inputs(batch, steps, args.heads, args.dim, args.value_dim)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, args.shape)
     defaults = (
         dict(chunk.WARPS),
