@@ -5,6 +5,8 @@
 # Triton cache $OUT/triton_cache.tgz: the device tool brings back at
 # most 8 files; the console output in $OUT/gpu0.txt, $OUT/gpu1.txt). A timing run keeps its GPU and its
 # cores to itself; the Triton cache folder is shared (Triton writes its files atomically).
+# Pair timings only with correctness work: while the other GPU ran FLA's autotuning and compiles, linrnn's compiled
+# GDN step read 105k tokens/s against 122k alone (two H200s, 2026-11-25); ratios within one process still hold.
 # Usage: bash scripts/gpu_pair.sh "ENV=... bash scripts/gpu_verify.sh" "ENV=... bash scripts/gpu_model.sh"
 set -uo pipefail
 out="${OUT:-/tmp}"
