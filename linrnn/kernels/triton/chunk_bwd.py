@@ -168,7 +168,9 @@ def chunk_bwd_local_kernel(
     those through ``W_s = T Diag(β) K̂`` and ``T = (I + Diag(β) A_kk)⁻¹``: dT, dk₊ (from K̂), dA_kk.
 
     Decoupled (``U_v = T P V``, ``P = −Diag(β) A_kw Diag(β)``, write values X = Diag(β) V): also
-    ``dA_qw = dO Xᵀ``, ``dP = (Tᵀ dU) Vᵀ``, ``dT += dU (P V)ᵀ``, ``dv = Diag(β) dX + Pᵀ Tᵀ dU``, and dA_kw."""
+    ``dA_qw = dO Xᵀ``, ``dP = (Tᵀ dU) Vᵀ``, ``dT += dU (P V)ᵀ``, ``dv = Diag(β) dX + Pᵀ Tᵀ dU``, and dA_kw. Over
+    the V blocks only ``M = Σ dU Vᵀ`` and ``(T P)ᵀ dU`` are formed; ``dP = Tᵀ M`` and ``dT += M Pᵀ`` follow once
+    after them (four products per V block instead of seven)."""
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     dtype = do.dtype.element_ty
@@ -178,13 +180,14 @@ def chunk_bwd_local_kernel(
     d_aqk = tl.zeros([BT, BT], dtype=tl.float32)
     d_aqw = tl.zeros([BT, BT], dtype=tl.float32)
     d_t = tl.zeros([BT, BT], dtype=tl.float32)
-    d_p = tl.zeros([BT, BT], dtype=tl.float32)
+    d_uv = tl.zeros([BT, BT], dtype=tl.float32)  # M = Σ_V dU Vᵀ (decoupled)
     d_beta = tl.zeros([BT], dtype=tl.float32)
     if ERASE:
         t_tile = load_head_tile(T, bos, length, h, c * BT, 0, H, BT, BT, BT)
     if DECOUPLED:
         p_tile = -(b[:, None] * load_head_tile(A_kw, bos, length, h, c * BT, 0, H, BT, BT, BT)
                    * b[None, :])  # fmt: skip
+        tp_tile = tl.dot(t_tile, p_tile, input_precision=PREC)  # T P: dv's decoupled term is (T P)ᵀ dU
     for vb in range(0, tl.cdiv(V, BV)):
         do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         du_t = load_head_tile(dU, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
@@ -197,11 +200,9 @@ def chunk_bwd_local_kernel(
         d_aqk += tl.dot(do_t, tl.trans(u_t), input_precision=PREC)
         if DECOUPLED:
             d_aqw += tl.dot(do_t, tl.trans(bv_t.to(dtype)), input_precision=PREC)
-            d_pv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # d(P V)
-            d_t += tl.dot(du_t, tl.trans(tl.dot(p_tile, v_t, input_precision=PREC)), input_precision=PREC)
-            d_p += tl.dot(d_pv, tl.trans(v_t), input_precision=PREC)
+            d_uv += tl.dot(du_t, tl.trans(v_t), input_precision=PREC)
             d_x = load_head_tile(dX, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
-            d_v = d_x * b[:, None] + tl.dot(tl.trans(p_tile), d_pv, input_precision=PREC)
+            d_v = d_x * b[:, None] + tl.dot(tl.trans(tp_tile), du_t, input_precision=PREC)
             d_beta += tl.sum(v_t * d_x, axis=1)
         else:
             if ERASE:
@@ -216,6 +217,8 @@ def chunk_bwd_local_kernel(
     store_head_tile(dA_qk, tl.where(rows >= cols, d_aqk * scale, 0.0), bos, length, h, c * BT, 0, H, BT, BT, BT)
     if DECOUPLED:
         store_head_tile(dA_qw, tl.where(rows >= cols, d_aqw * scale, 0.0), bos, length, h, c * BT, 0, H, BT, BT, BT)
+        d_t += tl.dot(d_uv, tl.trans(p_tile), input_precision=PREC)  # Σ_V dU (P V)ᵀ
+        d_p = tl.dot(tl.trans(t_tile), d_uv, input_precision=PREC)  # Σ_V (Tᵀ dU) Vᵀ
     if ERASE:
         for kb in range(0, tl.cdiv(K, BK)):
             k_hat = load_head_tile(k, bos, length, h, c * BT, kb * BK, H, K, BT, BK).to(tl.float32)
