@@ -472,13 +472,14 @@ def chunk_state_fwd_kernel(
         k_t = load_head_tile(k, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
         if DECAY != DECAY_NONE:
             g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
-            k_t *= tl.exp(g_last[None, :] - g_t)  # K ⊙ Γ_C/Γ
+            to_chunk_end = tl.exp(g_last[None, :] - g_t)  # Γ_C/Γ
+            k_t *= to_chunk_end
             state *= tl.exp(g_last)[:, None]
         state += tl.dot(tl.trans(k_t).to(dtype), u_t.to(dtype), input_precision=PREC)
         if DECOUPLED:
             w_t = load_head_tile(w, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
             if DECAY != DECAY_NONE:
-                w_t *= tl.exp(g_last[None, :] - g_t)
+                w_t *= to_chunk_end
             x_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
             x_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
             state += tl.dot(tl.trans(w_t).to(dtype), x_t.to(dtype), input_precision=PREC)
