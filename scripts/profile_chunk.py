@@ -8,7 +8,7 @@ Run on the device with the carried wheels on PYTHONPATH::
 The 340M models' recurrence, state-pass settings side by side (issue 24's 1×16384 gap)::
 
     python3 scripts/profile_chunk.py --cells gated_deltanet --shape 1x16384 --heads 6 --value-dim 256 --fla \
-        --variants "" "programs=48" "programs=24" "programs=48,state_bwd=4" "state_stages=3"
+        --variants "" "programs=48" "programs=24" "programs=48,state_bwd=4" "state_stages=3" "local_first=1"
 
 Per cell: the median of ``triton.testing.do_bench`` for forward and forward+backward, then one profiled
 forward+backward averaged over ``--repeats`` calls, every kernel's mean time, sorted. ``--fla`` adds FLA 0.6.0's
@@ -19,7 +19,7 @@ benchmarks/test_chunk_gpu.py). Inputs as scripts/time_chunk_quick.py: bf16 q, k,
 ``chunk.WARPS``), ``bv<K>=columns`` (``chunk.STATE_BLOCK_V``), ``programs=n`` (``chunk.STATE_MIN_PROGRAMS``),
 ``fused_k=n`` (``chunk.FUSED_MAX_K``; 0: never the fused backward), ``fused_bv=n`` (``chunk.FUSED_BLOCK_V``),
 ``state_stages=n`` and ``stages=n`` (``chunk.STAGES_16BIT`` up to K = 128), ``solve_wu_block=n``
-(``chunk.SOLVE_WU_BLOCK``);
+(``chunk.SOLVE_WU_BLOCK``), ``local_first=1`` (``chunk.STATE_BWD_LOCAL_FIRST``);
 "" is the defaults.
 """
 
@@ -106,7 +106,8 @@ def kernel_table(run, repeats):
 
 def apply_variant(variant, defaults):
     """Reset the launch settings to ``defaults``, then apply ``variant`` (see the module docstring)."""
-    warps, block_v, programs, fused_k, fused_v, stages, solve_wu_block = defaults
+    warps, block_v, programs, fused_k, fused_v, stages, solve_wu_block, local_first = defaults
+    chunk.STATE_BWD_LOCAL_FIRST = local_first
     chunk.WARPS.update(warps)
     chunk.STATE_BLOCK_V.update(block_v)
     chunk.STATE_MIN_PROGRAMS, chunk.FUSED_MAX_K, chunk.FUSED_BLOCK_V = programs, fused_k, fused_v
@@ -130,6 +131,8 @@ def apply_variant(variant, defaults):
             chunk.FUSED_BLOCK_V = int(value)
         elif key == "solve_wu_block":
             chunk.SOLVE_WU_BLOCK = int(value)
+        elif key == "local_first":
+            chunk.STATE_BWD_LOCAL_FIRST = bool(int(value))
         else:
             raise ValueError(f"unknown launch setting {key!r} in variant {variant!r}")
 
@@ -187,6 +190,7 @@ def main():
         chunk.FUSED_BLOCK_V,
         list(chunk.STAGES_16BIT),
         chunk.SOLVE_WU_BLOCK,
+        chunk.STATE_BWD_LOCAL_FIRST,
     )
     for cell in args.cells:
         results = {}

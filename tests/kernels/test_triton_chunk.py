@@ -94,6 +94,16 @@ def test_kept_states_equal_recomputed(cell, varlen, monkeypatch):
             assert torch.equal(kept, recomputed)
 
 
+@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])
+def test_state_bwd_local_first(cell, monkeypatch):
+    """``chunk.STATE_BWD_LOCAL_FIRST``: the backward state pass's chunk-local terms from a parallel kernel first
+    (tied and decoupled erase, varlen) against the fp64 reference."""
+    monkeypatch.setattr(chunk, "STATE_BWD_LOCAL_FIRST", True)
+    lengths = [5, 64]
+    inputs = make_inputs(cell, B=1, T=sum(lengths), H=1, K=12, V=10, initial_state=True, num_states=2, seed=9)
+    compare(cell, inputs, 1e-5, cu_seqlens=torch.tensor([0, 5, 69], device=DEVICE))
+
+
 @pytest.mark.parametrize("cell", ["deltanet", "kda", "gammanet"])
 def test_extreme_gates(cell):
     """Log-decay −20 per step on some steps (per channel for KDA and GammaNet), beta exactly 0 and 1: finite and

@@ -24,6 +24,7 @@ from linrnn.kernels.triton import new_output
 from linrnn.kernels.triton.chunk_bwd import (
     chunk_bwd_fused_kernel,
     chunk_bwd_intra_kernel,
+    chunk_bwd_local_du_kernel,
     chunk_bwd_local_kernel,
     chunk_bwd_main_kernel,
     chunk_state_bwd_kernel,
@@ -55,6 +56,9 @@ FUSED_MAX_K = 128
 FUSED_BLOCK_V = 32
 # key and value columns per step of the solve kernel's W_s and U_v products (in one warp: registers)
 SOLVE_WU_BLOCK = 32
+# the backward state pass's chunk-local terms (A_qkᵀ dO, A_qwᵀ dO) from a parallel kernel first, so the sequential
+# loop does one product fewer per chunk (an experiment: not yet timed against the default)
+STATE_BWD_LOCAL_FIRST = False
 # software pipelining depth of 16-bit inputs, (state passes, other kernels), up to K = 128 and past it
 STAGES_16BIT = [(2, 3), (1, 2)]
 
@@ -245,13 +249,20 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     (dU,) = buffers(1, TT, H, V)
     (dX,) = buffers(1, TT, H, V, when=decoupled)
     d_initial = new_output(initial_state.shape, torch.float32, device) if initial_state is not None else None
+    if STATE_BWD_LOCAL_FIRST:
+        block_v = _block(V, 64)
+        chunk_bwd_local_du_kernel[(triton.cdiv(V, block_v), NT, H)](
+            saved["A_qk"], saved["A_qw"], do, dU, dX, **common, H=H, V=V, BT=CHUNK, BV=block_v, DECOUPLED=decoupled,
+            PREC=precision, num_warps=4, num_stages=layout.stages,
+        )  # fmt: skip
     block_v = _state_block_v(layout)
     chunk_state_bwd_kernel[(triton.cdiv(V, block_v), layout.sequences * H)](
         q, k, w, G, saved["W_s"], saved["A_qk"], saved["A_qw"], do, dU, dX, dstates, d_initial,
         None if d_final is None else d_final.contiguous(), layout.cu_seqlens, layout.chunk_offsets, scale,
         H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
-        USE_INITIAL_STATE=initial_state is not None, USE_FINAL_GRAD=d_final is not None, PREC=precision,
-        num_warps=layout.warps("state_bwd"), num_stages=layout.state_stages,
+        USE_INITIAL_STATE=initial_state is not None, USE_FINAL_GRAD=d_final is not None,
+        LOCAL_DONE=STATE_BWD_LOCAL_FIRST, PREC=precision, num_warps=layout.warps("state_bwd"),
+        num_stages=layout.state_stages,
     )  # fmt: skip
 
     if erase and not decoupled and decay != DECAY_CHANNEL.value and K <= FUSED_MAX_K:

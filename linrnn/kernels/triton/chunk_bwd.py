@@ -18,7 +18,8 @@ of A_kk and dk₋ from Ǩ and the columns of A_kk and A_qk. The chunk's last ste
 ``Γ_C Σ_v S ⊙ dS' + Σ_t Ǩ ⊙ dǨ`` (everything multiplied by Γ_C), and ``dg`` is the reverse cumsum of dG
 inside the chunk (G is the chunk-local cumsum of g).
 
-Kernels, in launch order: ``state_bwd`` (reverse over chunks: dS' per chunk, dU, dS_0); then, for a tied
+Kernels, in launch order: with ``chunk.STATE_BWD_LOCAL_FIRST``, ``local_du`` (the chunk-local part of dU, in
+parallel); ``state_bwd`` (reverse over chunks: dS' per chunk, dU, dS_0); then, for a tied
 erase with no or per-head decay (DeltaNet, GDN), ``fused`` (everything else, per chunk); otherwise ``main``
 (per chunk and K block: dQ̂, dǨ, dW_s), ``local`` (per chunk: dA_qk, dv, dβ, the solve's gradients dA_kk and
 dk₊ from K̂), ``intra`` (gradients through A_qk and A_kk, sums with the parts, dq, dk, dG), then the forward's
@@ -45,14 +46,37 @@ from linrnn.kernels.triton.tiles import load_head_tile, load_tile, store_head_ti
 
 
 @triton.jit
+def chunk_bwd_local_du_kernel(
+    A_qk, A_qw, do, dU, dX, cu_seqlens, chunk_index,
+    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, DECOUPLED: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """The state pass's chunk-local terms, in parallel over chunks: ``dU = A_qkᵀ dO`` and, decoupled,
+    ``dX = A_qwᵀ dO`` (fp32), to which ``chunk_state_bwd_kernel(LOCAL_DONE=True)`` adds the state's part."""
+    vb, i, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bos, length, c, _ = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
+    do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+    dtype = do.dtype.element_ty
+    a_t = load_head_tile(A_qk, bos, length, h, c * BT, 0, H, BT, BT, BT)
+    du = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
+    store_head_tile(dU, du, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+    if DECOUPLED:
+        a_t = load_head_tile(A_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)
+        dx = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
+        store_head_tile(dX, dx, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+
+
+@triton.jit
 def chunk_state_bwd_kernel(
     q, k, w, G, W_s, A_qk, A_qw, do, dU, dX, dstates, d_initial, d_final, cu_seqlens, chunk_offsets, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
-    USE_FINAL_GRAD: tl.constexpr, PREC: tl.constexpr,
+    USE_FINAL_GRAD: tl.constexpr, LOCAL_DONE: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Reverse over one sequence's chunks; stores dS' (the gradient of each chunk's end state) and dU.
-    Decoupled, also ``dX = A_qwᵀ dO + (W ⊙ Γ_C/Γ) dS'``, the gradient of the write values X = Diag(β) V."""
+    Decoupled, also ``dX = A_qwᵀ dO + (W ⊙ Γ_C/Γ) dS'``, the gradient of the write values X = Diag(β) V.
+    ``LOCAL_DONE``: dU and dX already hold their chunk-local terms (``chunk_bwd_local_du_kernel``), so the
+    sequential loop only adds the state's part."""
     vb, h, bos, length, first, sequence_state, state_offsets, state_mask = state_program(
         cu_seqlens, chunk_offsets, H, K, V, BK, BV
     )
@@ -66,22 +90,29 @@ def chunk_state_bwd_kernel(
         valid = tl.minimum(BT, length - c * BT)
         tl.store(dstates + ((first + c) * H + h) * K * V + state_offsets, dstate.to(dtype), mask=state_mask)
         do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
-        a_t = load_head_tile(A_qk, bos, length, h, c * BT, 0, H, BT, BT, BT)
         k_t = load_head_tile(k, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
         q_t = load_head_tile(q, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32) * scale
         if DECAY != DECAY_NONE:
             g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
-            k_t *= tl.exp(g_last[None, :] - g_t)
+            to_chunk_end = tl.exp(g_last[None, :] - g_t)  # Γ_C/Γ
+            k_t *= to_chunk_end
             q_t *= tl.exp(g_t)
-        du = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
+        if LOCAL_DONE:
+            du = load_head_tile(dU, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+        else:
+            a_t = load_head_tile(A_qk, bos, length, h, c * BT, 0, H, BT, BT, BT)
+            du = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
         du += tl.dot(k_t.to(dtype), dstate.to(dtype), input_precision=PREC)
         store_head_tile(dU, du, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         if DECOUPLED:
             w_t = load_head_tile(w, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
             if DECAY != DECAY_NONE:
-                w_t *= tl.exp(g_last[None, :] - g_t)
-            a_t = load_head_tile(A_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)
-            dx = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
+                w_t *= to_chunk_end
+            if LOCAL_DONE:
+                dx = load_head_tile(dX, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+            else:
+                a_t = load_head_tile(A_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)
+                dx = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
             dx += tl.dot(w_t.to(dtype), dstate.to(dtype), input_precision=PREC)
             store_head_tile(dX, dx, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         update = tl.dot(tl.trans(q_t).to(dtype), do_t.to(dtype), input_precision=PREC)
