@@ -50,7 +50,7 @@ STATE_MIN_PROGRAMS = 128  # 256 halved the state columns at 2×16384 and doubled
 # cross-thread reductions (2.9× faster than with 4 warps); 8 for intra with per-head decay (0.32 -> 0.20 ms), not
 # without decay: there 8 warps gave a wrong A_kk for bf16 at K = 128 (triton 3.6, H100) and no speed-up
 WARPS = dict(intra=4, intra_head=8, intra_channel=2, solve_wu=1, state_fwd=4, output=4, state_bwd=8, main=8, local=8,
-             bwd_intra=4, bwd_intra_channel=2, fused=8)  # fmt: skip
+             bwd_intra=4, bwd_intra_channel=2, fused=8, local_du=4)  # fmt: skip
 # tied erase with no or per-head decay (DeltaNet, GDN): one backward kernel after the state pass, up to this K
 FUSED_MAX_K = 128
 FUSED_BLOCK_V = 32
@@ -174,11 +174,12 @@ def chunk_forward(
     if erase:
         T = torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device)
         W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
-        U_v = torch.empty(TT, H, V, dtype=torch.float32, device=device)
+        U_v = torch.empty(TT, H, V, dtype=torch.float32, device=device) if kept is None else None
         chunk_solve_wu_kernel[(NT, H)](
             k, v, beta, G, A_kk, A_kw, T, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BC=SUB_CHUNK,
             BK=_block(K, SOLVE_WU_BLOCK), BV=_block(V, SOLVE_WU_BLOCK), DECAY=layout.decay, HAS_BETA=has_beta,
-            DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("solve_wu"), num_stages=layout.stages,
+            DECOUPLED=decoupled, STORE_VALUES=kept is None, PREC=layout.precision,
+            num_warps=layout.warps("solve_wu"), num_stages=layout.stages,
         )  # fmt: skip
         U = torch.empty(TT, H, V, dtype=dtype, device=device) if kept is None else None
     else:
@@ -253,7 +254,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         block_v = _block(V, 64)
         chunk_bwd_local_du_kernel[(triton.cdiv(V, block_v), NT, H)](
             saved["A_qk"], saved["A_qw"], do, dU, dX, **common, H=H, V=V, BT=CHUNK, BV=block_v, DECOUPLED=decoupled,
-            PREC=precision, num_warps=4, num_stages=layout.stages,
+            PREC=precision, num_warps=layout.warps("local_du"), num_stages=layout.stages,
         )  # fmt: skip
     block_v = _state_block_v(layout)
     chunk_state_bwd_kernel[(triton.cdiv(V, block_v), layout.sequences * H)](

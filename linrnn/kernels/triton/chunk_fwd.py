@@ -347,11 +347,13 @@ def _store_rows(x, y0, y1, y2, y3, bos, length, h, row0, col0, H: tl.constexpr, 
 def chunk_solve_wu_kernel(
     k, v, beta, G, A_kk, A_kw, T, W_s, U_v, cu_seqlens, chunk_index,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
+    BV: tl.constexpr, DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, STORE_VALUES: tl.constexpr,
+    PREC: tl.constexpr,
 ):  # fmt: skip
     """``T = (I + Diag(β) A_kk)⁻¹`` ``[TT, H, 64]`` fp32, then from its blocks in registers
     ``W_s = T Diag(β) (K ⊙ Γ)`` ``[TT, H, K]`` (k: the erase direction) and ``U_v = T Diag(β) V`` ``[TT, H, V]``
-    fp32; decoupled, ``U_v = T P V`` with ``P = −Diag(β) A_kw Diag(β)``.
+    fp32; decoupled, ``U_v = T P V`` with ``P = −Diag(β) A_kw Diag(β)``. U_v feeds only the state pass:
+    ``STORE_VALUES=False`` (the backward with the forward's states kept) skips it.
 
     T by 16 × 16 blocks: the four diagonal blocks by forward substitution (a chain of cross-thread reductions,
     fastest in one warp), then ``T_ab = −T_aa Σ_{b≤c<a} L_ac T_cb`` (L = Diag(β) A_kk). The substitution is exact
@@ -409,7 +411,7 @@ def chunk_solve_wu_kernel(
                               kb * BK, b0, b1, b2, b3, H, K, BC, BK, DECAY, PREC)  # fmt: skip
     if DECOUPLED:
         b_all = _beta(beta, bos, h, r0, valid, H, BT, HAS_BETA)
-    for vb in range(0, tl.cdiv(V, BV)):
+    for vb in range(0, tl.cdiv(V, BV) if STORE_VALUES else 0):
         if DECOUPLED:  # row blocks of P V = −Diag(β) A_kw (βV)
             bv = load_head_tile(v, bos, length, h, r0, vb * BV, H, V, BT, BV)
             bv = bv.to(tl.float32) * b_all[:, None]
