@@ -411,19 +411,20 @@ def chunk_solve_wu_kernel(
                               kb * BK, b0, b1, b2, b3, H, K, BC, BK, DECAY, PREC)  # fmt: skip
     if DECOUPLED:
         b_all = _beta(beta, bos, h, r0, valid, H, BT, HAS_BETA)
-    for vb in range(0, tl.cdiv(V, BV) if STORE_VALUES else 0):
-        if DECOUPLED:  # row blocks of P V = −Diag(β) A_kw (βV)
-            bv = load_head_tile(v, bos, length, h, r0, vb * BV, H, V, BT, BV)
-            bv = bv.to(tl.float32) * b_all[:, None]
-            x0 = _pv_rows(A_kw, bv, bos, length, h, r0, b0, H, BT, BC, PREC)
-            x1 = _pv_rows(A_kw, bv, bos, length, h, r0 + 16, b1, H, BT, BC, PREC)
-            x2 = _pv_rows(A_kw, bv, bos, length, h, r0 + 32, b2, H, BT, BC, PREC)
-            x3 = _pv_rows(A_kw, bv, bos, length, h, r0 + 48, b3, H, BT, BC, PREC)
-            y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
-            _store_rows(U_v, y0, y1, y2, y3, bos, length, h, r0, vb * BV, H, V, BC, BV)
-        else:
-            _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, v, G, U_v, bos, length, h, r0,
-                                  valid, vb * BV, b0, b1, b2, b3, H, V, BC, BV, DECAY_NONE, PREC)  # fmt: skip
+    if STORE_VALUES:  # a constexpr branch: with U_v None the loop must not be compiled at all
+        for vb in range(0, tl.cdiv(V, BV)):
+            if DECOUPLED:  # row blocks of P V = −Diag(β) A_kw (βV)
+                bv = load_head_tile(v, bos, length, h, r0, vb * BV, H, V, BT, BV)
+                bv = bv.to(tl.float32) * b_all[:, None]
+                x0 = _pv_rows(A_kw, bv, bos, length, h, r0, b0, H, BT, BC, PREC)
+                x1 = _pv_rows(A_kw, bv, bos, length, h, r0 + 16, b1, H, BT, BC, PREC)
+                x2 = _pv_rows(A_kw, bv, bos, length, h, r0 + 32, b2, H, BT, BC, PREC)
+                x3 = _pv_rows(A_kw, bv, bos, length, h, r0 + 48, b3, H, BT, BC, PREC)
+                y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
+                _store_rows(U_v, y0, y1, y2, y3, bos, length, h, r0, vb * BV, H, V, BC, BV)
+            else:
+                _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, v, G, U_v, bos, length, h, r0,
+                                      valid, vb * BV, b0, b1, b2, b3, H, V, BC, BV, DECAY_NONE, PREC)  # fmt: skip
 
 
 @triton.jit

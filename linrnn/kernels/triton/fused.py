@@ -363,7 +363,8 @@ def _fold_fwd_kernel(q, w, gamma, folded_q, folded_w, n_rows, C: tl.constexpr, B
     q_values = tl.load(q + at, mask=mask).to(tl.float32)
     tl.store(folded_q + at, (q_values * g).to(folded_q.dtype.element_ty), mask=mask)
     w_values = tl.load(w + at, mask=mask).to(tl.float32)
-    tl.store(folded_w + at, (w_values / g).to(folded_w.dtype.element_ty), mask=mask)
+    # tl.div_rn: the IEEE division, one rounding (plain / is the approximate one on the GPU)
+    tl.store(folded_w + at, tl.div_rn(w_values, g).to(folded_w.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -377,7 +378,7 @@ def _fold_bwd_kernel(folded_q, folded_w, gamma, d_folded_q, d_folded_w, dq, dw, 
     dfq = tl.load(d_folded_q + at, mask=mask, other=0.0).to(tl.float32)
     dfw = tl.load(d_folded_w + at, mask=mask, other=0.0).to(tl.float32)
     tl.store(dq + at, (dfq * g).to(dq.dtype.element_ty), mask=mask)
-    tl.store(dw + at, (dfw / g).to(dw.dtype.element_ty), mask=mask)
+    tl.store(dw + at, tl.div_rn(dfw, g).to(dw.dtype.element_ty), mask=mask)
     fq = tl.load(folded_q + at, mask=mask, other=0.0).to(tl.float32)
     fw = tl.load(folded_w + at, mask=mask, other=0.0).to(tl.float32)
     partial = tl.sum(fq * dfq - fw * dfw, axis=0)
