@@ -12,7 +12,8 @@ layers of 16 heads (SDPA). linrnn's loss is ``LanguageModel.loss`` (no ``[B, T, 
 ``torch.compile(model.loss, fullgraph=True)``, "graphed" the same with ``mode="reduce-overhead"`` (CUDA graphs). FLA
 and the Llama compute their loss from the logits as their ``labels=`` path does. Shapes B×T ∈ {4×4096, 1×16384}
 (``MODEL_BENCH_SHAPES``); models in ``MODEL_BENCH_MODELS``; tests that would start after ``MODEL_BENCH_DEADLINE``
-(epoch seconds) skip.
+(epoch seconds) skip. ``MODEL_BENCH_LOCAL_FIRST=1`` turns on ``chunk.STATE_BWD_LOCAL_FIRST`` (the backward state
+pass's chunk-local terms from a parallel kernel first) for this process.
 Reported per test (``extra_info``): tokens/s at the median step, peak allocated and peak reserved GiB over the
 timed steps (a CUDA graph's memory shows only in the reserved one),
 parameter count, the first and last loss. ``MODEL_BENCH_PROFILE_DIR=DIR`` also writes a profiler table of two more
@@ -45,6 +46,10 @@ ROUNDS = int(os.environ.get("MODEL_BENCH_ROUNDS", "8"))
 DEADLINE = float(os.environ.get("MODEL_BENCH_DEADLINE", "inf"))  # epoch seconds: later tests skip
 VOCAB, HIDDEN, LAYERS, HEADS, MLP = (32000, 1024, 21, 6, 2816) if DEVICE == "cuda" else (512, 64, 2, 2, 128)
 CELLS = {"gdn": "gated_deltanet", "kda": "kda", "gammanet": "gammanet"}
+if os.environ.get("MODEL_BENCH_LOCAL_FIRST") == "1":
+    from linrnn.kernels.triton import chunk
+
+    chunk.STATE_BWD_LOCAL_FIRST = True
 
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("needs CUDA (or MODEL_BENCH_DEVICE=cpu for a dry run)", allow_module_level=True)
