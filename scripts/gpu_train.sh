@@ -9,6 +9,8 @@
 #                                      # --compile.enable, no validation: tokens/s, MFU (6·N) and the two loss curves;
 #                                      # CURVE_SEEDS="1 2" adds the same pair from other initialisations (--debug.seed):
 #                                      # the spread that compiled − eager is judged against
+#   bash scripts/gpu_train.sh mfu      # nvidia-h100-x1: only the compiled half of "curve" (200 steps, no validation), for
+#                                      # tokens/s and MFU on a GPU of its own
 #   bash scripts/gpu_train.sh fsdp     # nvidia-h200-x2: the packed-document GPU test, then the same global batch
 #                                      # (4 × 4096) on 1 GPU, on 1 GPU as 2 micro-batches, and on 2 GPUs with FSDP
 # Carry .whl (fla-core, pydantic), .whl-train (torchtitan and its pure-Python dependencies, tokenizers), .data
@@ -56,6 +58,9 @@ elif [ "$mode" = curve ]; then
     runs+=("eager-seed$seed=$out/eager-seed$seed" "compiled-seed$seed=$out/compiled-seed$seed")
   done
   python3 scripts/train_report.py "${runs[@]}" --config gdn_340m_sp | tee "$out/report.md"
+elif [ "$mode" = mfu ]; then
+  run compiled "${CURVE_COMPILED_S:-330}" 1 "-m linrnn.train" --training.steps 200 --validator.no-enable --compile.enable
+  python3 scripts/train_report.py compiled="$out/compiled" --config gdn_340m_sp | tee "$out/report.md"
 elif [ "$mode" = compile ]; then
   run compiled 540 1 "-m linrnn.train" --training.steps 200 --validator.freq 100 --compile.enable
   python3 scripts/train_report.py compiled="$out/compiled" | tee "$out/report.md"
