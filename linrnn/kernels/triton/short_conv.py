@@ -9,9 +9,10 @@ carried history ``[B, C, W − 1]`` (oldest first) if there is one, else 0; with
 each token's index within its document, B = 1) a tap reaching before the document start reads 0.
 
 The tensors stay in the projections' ``[B, T, C]`` layout (x may be a column slice of a wider matrix: any row
-stride, unit column stride), so no transposed copies are made. The backward recomputes ``pre`` from x rather than
-saving it, in two launches: ``dpre = dy · SiLU'(pre)`` (fp32, with ``dw`` as per-program partial sums
-``[programs, C, W]`` that the caller reduces), then ``dx[t] = Σ_lag w[W − 1 − lag] · dpre[t + lag]``.
+stride, unit column stride), so no transposed copies are made. The backward is one launch that recomputes ``pre``
+from x rather than saving it: ``dpre = dy · SiLU'(pre)`` at the W row blocks shifted by 0 … W − 1 tokens (W times
+the arithmetic, no fp32 ``dpre`` in memory), ``dx[t] = Σ_lag w[W − 1 − lag] · dpre[t + lag]``, and ``dw`` as
+per-program partial sums ``[programs, C, W]`` that are then reduced.
 The history's gradient (decoding only) is left to the caller.
 """
 
@@ -74,50 +75,50 @@ def _short_conv_fwd_kernel(x, weight, history, offset, y, T, C, stride_b, stride
 
 
 @triton.jit
-def _short_conv_bwd_pre_kernel(x, weight, history, offset, dy, d_pre, dw_partial, T, C, stride_b, stride_t,
-                               W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_HISTORY: tl.constexpr,
-                               IS_VARLEN: tl.constexpr):  # fmt: skip
-    """``d_pre = dy · SiLU'(pre)`` (fp32) at this program's rows, and their share of ``dw``."""
+def _grad_pre(x, history, offset, weight, dy, b, t, c, T, C, stride_b, stride_t, W: tl.constexpr, BT: tl.constexpr,
+              BC: tl.constexpr, HAS_HISTORY: tl.constexpr, IS_VARLEN: tl.constexpr):  # fmt: skip
+    """``d_pre = dy · SiLU'(pre)`` ``[BT, BC]`` (fp32) at rows ``t`` (pre recomputed from x); 0 outside ``[0, T)``."""
+    pre = _conv_pre(x, history, offset, weight, b, t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY, IS_VARLEN)
+    rows_in = (t >= 0) & (t < T)
+    dense = (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * C + c[None, :]
+    grad_out = tl.load(dy + dense, mask=rows_in[:, None] & (c < C)[None, :], other=0).to(tl.float32)
+    gate = tl.sigmoid(pre)
+    return grad_out * gate * (1 + pre * (1 - gate))
+
+
+@triton.jit
+def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C, stride_b, stride_t,
+                           W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_HISTORY: tl.constexpr,
+                           IS_VARLEN: tl.constexpr):  # fmt: skip
+    """``dx[t] = Σ_lag w[W − 1 − lag] · d_pre[t + lag]`` over the taps of token t + lag that reach back to t, with
+    ``d_pre`` recomputed at each of the W shifted row blocks (from x and dy, so no fp32 ``d_pre`` goes through
+    memory), and this program's share of ``dw`` from ``d_pre`` at its own rows."""
     block_t, block_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = block_t * BT + tl.arange(0, BT)
     c = block_c * BC + tl.arange(0, BC)
     t_in, c_in = t < T, c < C
-    pre = _conv_pre(x, history, offset, weight, b, t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY, IS_VARLEN)
-    dense = (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * C + c[None, :]
-    grad_out = tl.load(dy + dense, mask=t_in[:, None] & c_in[None, :], other=0).to(tl.float32)
-    gate = tl.sigmoid(pre)
-    grad_pre = grad_out * gate * (1 + pre * (1 - gate))
-    tl.store(d_pre + dense, grad_pre, mask=t_in[:, None] & c_in[None, :])
-    if IS_VARLEN:
-        position = tl.load(offset + t, mask=t_in, other=0)
-    else:
-        position = t
-    partial = dw_partial + ((b * tl.num_programs(0) + block_t) * C + c).to(tl.int64) * W
-    for j in tl.static_range(W):
-        value = _tap_input(x, history, b, t, c, t_in, c_in, position, C, stride_b, stride_t, W - 1 - j, W, HAS_HISTORY)
-        tl.store(partial + j, tl.sum(grad_pre * value, axis=0), mask=c_in)
-
-
-@triton.jit
-def _short_conv_bwd_x_kernel(weight, offset, d_pre, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                             IS_VARLEN: tl.constexpr):  # fmt: skip
-    """``dx[t] = Σ_lag w[W − 1 − lag] · d_pre[t + lag]`` over the taps of token t + lag that reach back to t."""
-    block_t, block_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t = block_t * BT + tl.arange(0, BT)
-    c = block_c * BC + tl.arange(0, BC)
-    c_in = c < C
     grad_x = tl.zeros([BT, BC], dtype=tl.float32)
     for lag in tl.static_range(W):
-        out_t = t + lag
-        reaches = out_t < T
-        if IS_VARLEN:
-            reaches = reaches & (lag <= tl.load(offset + out_t, mask=reaches, other=0))
-        grad = tl.load(d_pre + (b.to(tl.int64) * T + out_t.to(tl.int64))[:, None] * C + c[None, :],
-                       mask=reaches[:, None] & c_in[None, :], other=0)  # fmt: skip
+        rows = t + lag
+        grad_pre = _grad_pre(x, history, offset, weight, dy, b, rows, c, T, C, stride_b, stride_t, W, BT, BC,
+                             HAS_HISTORY, IS_VARLEN)  # fmt: skip
+        if lag == 0:  # dw[c, j] = Σ_t d_pre[t, c] · x[t − (W − 1 − j), c], this program's rows
+            if IS_VARLEN:
+                position = tl.load(offset + t, mask=t_in, other=0)
+            else:
+                position = t
+            partial = dw_partial + ((b * tl.num_programs(0) + block_t) * C + c).to(tl.int64) * W
+            for j in tl.static_range(W):
+                value = _tap_input(x, history, b, t, c, t_in, c_in, position, C, stride_b, stride_t, W - 1 - j, W,
+                                   HAS_HISTORY)  # fmt: skip
+                tl.store(partial + j, tl.sum(grad_pre * value, axis=0), mask=c_in)
+        elif IS_VARLEN:  # token t + lag's tap reaches back to t only inside its document
+            reaches = lag <= tl.load(offset + rows, mask=rows < T, other=0)
+            grad_pre = tl.where(reaches[:, None], grad_pre, 0.0)
         tap = tl.load(weight + c * W + (W - 1 - lag), mask=c_in, other=0).to(tl.float32)
-        grad_x += grad * tap[None, :]
+        grad_x += grad_pre * tap[None, :]
     spot = (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * C + c[None, :]
-    tl.store(dx + spot, grad_x.to(dx.dtype.element_ty), mask=(t < T)[:, None] & c_in[None, :])
+    tl.store(dx + spot, grad_x.to(dx.dtype.element_ty), mask=t_in[:, None] & c_in[None, :])
 
 
 @triton.jit
@@ -178,10 +179,8 @@ def short_conv_backward(dy: Tensor, x: Tensor, weight: Tensor, history: Tensor |
     batch, steps, channels = x.shape
     grid = _launch_shape(x)
     dx = new_output((batch, steps, channels), x.dtype, x.device)
-    d_pre = new_output((batch, steps, channels), torch.float32, x.device)
     dw_partial = new_output((batch * grid[0], channels, weight.shape[1]), torch.float32, x.device)
-    flags = dict(W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C, IS_VARLEN=offset is not None)
-    _short_conv_bwd_pre_kernel[grid](x, weight, history, offset, dy, d_pre, dw_partial, steps, channels, x.stride(0),
-                                     x.stride(1), HAS_HISTORY=history is not None, **flags)  # fmt: skip
-    _short_conv_bwd_x_kernel[grid](weight, offset, d_pre, dx, steps, channels, **flags)
+    _short_conv_bwd_kernel[grid](x, weight, history, offset, dy, dx, dw_partial, steps, channels, x.stride(0),
+                                 x.stride(1), W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C,
+                                 HAS_HISTORY=history is not None, IS_VARLEN=offset is not None)  # fmt: skip
     return dx, dw_partial.sum(0)
