@@ -11,6 +11,8 @@
 #                                      # the spread that compiled − eager is judged against
 #   bash scripts/gpu_train.sh mfu      # nvidia-h100-x1: only the compiled half of "curve" (200 steps, no validation), for
 #                                      # tokens/s and MFU on a GPU of its own
+#   bash scripts/gpu_train.sh profile  # nvidia-h100-x1: 40 compiled steps with torchtitan's profiler on step 30; where the
+#                                      # step's time goes (scripts/trace_summary.py) in $OUT/trace_summary.txt
 #   bash scripts/gpu_train.sh fsdp     # nvidia-h200-x2: the packed-document GPU test, then the same global batch
 #                                      # (4 × 4096) on 1 GPU, on 1 GPU as 2 micro-batches, and on 2 GPUs with FSDP
 # Carry .whl (fla-core, pydantic), .whl-train (torchtitan and its pure-Python dependencies, tokenizers), .data
@@ -61,6 +63,12 @@ elif [ "$mode" = curve ]; then
 elif [ "$mode" = mfu ]; then
   run compiled "${CURVE_COMPILED_S:-330}" 1 "-m linrnn.train" --training.steps 200 --validator.no-enable --compile.enable
   python3 scripts/train_report.py compiled="$out/compiled" --config gdn_340m_sp | tee "$out/report.md"
+elif [ "$mode" = profile ]; then
+  run profiled "${CURVE_COMPILED_S:-240}" 1 "-m linrnn.train" --training.steps 40 --validator.no-enable --compile.enable \
+    --profiler.enable_profiling --profiler.profile_freq 30
+  trace=$(find "$out/profiled" -name 'rank0_trace.json*' | sort | tail -1)
+  python3 scripts/trace_summary.py "$trace" --top 40 | tee "$out/trace_summary.txt"
+  rm -rf "$out/profiled/profiling"
 elif [ "$mode" = compile ]; then
   run compiled 540 1 "-m linrnn.train" --training.steps 200 --validator.freq 100 --compile.enable
   python3 scripts/train_report.py compiled="$out/compiled" | tee "$out/report.md"
