@@ -83,8 +83,9 @@ def chunk_tables(rows: list[dict]) -> None:
 def model_table(rows: list[dict]) -> None:
     """benchmarks/test_model_gpu.py: tokens/s and peak memory (allocated, and reserved: a CUDA graph's pool shows only
     there) per model and shape, with the ratios to FLA's model of the same cell and to the Llama in the same run."""
-    print("| shape | model | tokens/s | peak GiB | reserved GiB | × FLA (same cell) | × Llama | params | last loss |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| shape | model | tokens/s | best step tokens/s | spread | peak GiB | reserved GiB | × FLA (same cell) | "
+          "× Llama | params | last loss |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     by_shape = defaultdict(dict)
     for row in rows:
         by_shape[(row["batch"], row["steps"])][row["model"]] = row
@@ -96,8 +97,11 @@ def model_table(rows: list[dict]) -> None:
             versus_fla, versus_llama = (_ratio(row["tokens_per_s"], peer) for peer in (fla, llama))
             peak, reserved = (f"{row[key]:.1f}" if row.get(key) is not None else "–"
                               for key in ("peak_gib", "reserved_gib"))  # fmt: skip
+            best = f"{row['best_tokens_per_s']:,.0f}" if "best_tokens_per_s" in row else "–"
+            spread = f"{100 * row['spread']:.0f}%" if "spread" in row else "–"
             print(
-                f"| {batch}×{steps} | {name} | {row['tokens_per_s']:,.0f} | {peak} | {reserved} | {versus_fla} | "
+                f"| {batch}×{steps} | {name} | {row['tokens_per_s']:,.0f} | {best} | {spread} | {peak} | {reserved} | "
+                f"{versus_fla} | "
                 f"{versus_llama} | "
                 f"{row['params'] / 1e6:.1f}M | {row['last_loss']:.3f} |"
             )

@@ -14,10 +14,11 @@ and the Llama compute their loss from the logits as their ``labels=`` path does.
 (``MODEL_BENCH_SHAPES``); models in ``MODEL_BENCH_MODELS``; tests that would start after ``MODEL_BENCH_DEADLINE``
 (epoch seconds) skip. ``MODEL_BENCH_LOCAL_FIRST=1`` turns on ``chunk.STATE_BWD_LOCAL_FIRST`` (the backward state
 pass's chunk-local terms from a parallel kernel first) for this process.
-Reported per test (``extra_info``): tokens/s at the median step, peak allocated and peak reserved GiB over the
-timed steps (a CUDA graph's memory shows only in the reserved one),
-parameter count, the first and last loss. ``MODEL_BENCH_PROFILE_DIR=DIR`` also writes a profiler table of two more
-steps per test there. FLA 0.6.0 refuses its gated backward on Hopper with triton < 3.7.1
+Reported per test (``extra_info``): tokens/s at the median step and at the fastest one, the steps' spread
+((slowest − fastest) / median: a step bound by the host varies with the host's load), peak allocated and peak
+reserved GiB over the timed steps (a CUDA graph's memory shows only in the reserved one), parameter count, the
+first and last loss. ``MODEL_BENCH_PROFILE_DIR=DIR`` also writes a profiler table of two more steps per test
+there. FLA 0.6.0 refuses its gated backward on Hopper with triton < 3.7.1
 (its issue #640); the guard is lifted here for speed only (``fla_bwd_guard_lifted``).
 
 CPU dry run of the harness (tiny models, linrnn only)::
@@ -156,13 +157,15 @@ def test_training_step(benchmark, name, shape):
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
     benchmark.pedantic(step, rounds=ROUNDS, iterations=1)
-    median = benchmark.stats.stats.median
+    stats = benchmark.stats.stats
+    median = stats.median
     peak = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None
     # a CUDA graph's pool is allocated while capturing (warm-up) and only reserved while replaying: the reserved
     # peak is the graphed step's memory
     reserved = torch.cuda.max_memory_reserved() / 2**30 if DEVICE == "cuda" else None
     benchmark.extra_info.update(
         kind="model", model=name, batch=batch, steps=steps, tokens_per_s=batch * steps / median,
+        best_tokens_per_s=batch * steps / stats.min, spread=(stats.max - stats.min) / median,
         peak_gib=peak, reserved_gib=reserved, params=sum(p.numel() for p in model.parameters()),
         first_loss=float(losses[0]), last_loss=float(losses[-1]), **info,
         device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
