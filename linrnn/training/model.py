@@ -146,7 +146,7 @@ def parallelize(
     """FSDP over the data-parallel ranks: one unit per block plus the root (embedding, final norm, readout)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from torchtitan.config import TORCH_DTYPE_MAP
-    from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
+    from torchtitan.distributed.fsdp import disable_fsdp_gradient_division, get_fsdp_reshard_after_forward_policy
 
     unsupported = [
         name
@@ -170,8 +170,11 @@ def parallelize(
         reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
         cast_forward_inputs=False,
     )
+    # --parallelism.fsdp_reshard_after_forward: "never" keeps each block's gathered (bf16) parameters from the
+    # forward to the backward instead of gathering them again; "default" reshards (without pipeline parallelism)
+    reshard = get_fsdp_reshard_after_forward_policy(parallelism.fsdp_reshard_after_forward, pp_enabled=False)
     for block in model.model.layers:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     disable_fsdp_gradient_division(model)  # torchtitan's loss is already divided by the global token count
     if not torch.cuda.is_available():  # gloo has no PREMUL_SUM

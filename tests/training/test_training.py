@@ -272,3 +272,36 @@ def test_the_loss_path_equals_the_logits_path(corpus, tmp_path):
     torch.testing.assert_close(cross_entropy_loss(logits.detach(), labels), expected.float())  # torchtitan's: fp32
     scaled, _ = ReadoutLoss(ReadoutLoss.Config())(loss, labels, torch.tensor(7.0, dtype=torch.float64))
     assert scaled == loss / 7
+
+
+@pytest.mark.parametrize("policy, reshards", [("default", True), ("never", False), ("always", True)])
+def test_parallelize_follows_the_reshard_after_forward_policy(policy, reshards):
+    """``--parallelism.fsdp_reshard_after_forward`` reaches every block's ``fully_shard``: "never" keeps the
+    gathered parameters from the forward to the backward (no second gather on one GPU)."""
+    import types
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from linrnn.training.model import TitanLanguageModel, parallelize
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{entry.free_port()}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",))
+        model = TitanLanguageModel(TitanLanguageModel.Config(overrides={"num_layers": 2}))
+        parallelism = types.SimpleNamespace(tensor_parallel_degree=1, pipeline_parallel_degree=1,
+                                            context_parallel_degree=1, fsdp_reshard_after_forward=policy)  # fmt: skip
+        training = types.SimpleNamespace(mixed_precision_param="bfloat16", mixed_precision_reduce="float32")
+        parallelize(model, parallel_dims=types.SimpleNamespace(get_mesh=lambda name: mesh), training=training,
+                    parallelism=parallelism, compile_config=types.SimpleNamespace(enable=False),
+                    ac_config=None, dump_folder="")  # fmt: skip
+        for block in model.model.layers:
+            assert isinstance(block, FSDPModule)
+            group = block._get_fsdp_state()._fsdp_param_group
+            assert (group.post_forward_mesh_info is not None) == reshards
+    finally:
+        if started:
+            dist.destroy_process_group()
