@@ -15,6 +15,8 @@
 #                                      # step's time goes (scripts/trace_summary.py) in $OUT/trace_summary.txt
 #   bash scripts/gpu_train.sh fsdp     # nvidia-h200-x2: the packed-document GPU test, then the same global batch
 #                                      # (4 × 4096) on 1 GPU, on 1 GPU as 2 micro-batches, and on 2 GPUs with FSDP
+# TRAIN_EXTRA="--flag value ..." adds torchtitan flags to the mfu and profile runs (e.g.
+# "--parallelism.fsdp_reshard_after_forward never").
 # Carry .whl (fla-core, pydantic), .whl-train (torchtitan and its pure-Python dependencies, tokenizers), .data
 # (LINRNN_DATA: the prepared corpus, `LINRNN_DATA=.data linrnn data prepare`) and .triton_cache.tgz when there.
 # Writes $OUT/<run>/metrics.jsonl, $OUT/<run>.log, $OUT/report.md and $OUT/triton_cache.tgz.
@@ -61,11 +63,14 @@ elif [ "$mode" = curve ]; then
   done
   python3 scripts/train_report.py "${runs[@]}" --config gdn_340m_sp | tee "$out/report.md"
 elif [ "$mode" = mfu ]; then
-  run compiled "${CURVE_COMPILED_S:-330}" 1 "-m linrnn.train" --training.steps 200 --validator.no-enable --compile.enable
+  # shellcheck disable=SC2086
+  run compiled "${CURVE_COMPILED_S:-330}" 1 "-m linrnn.train" --training.steps 200 --validator.no-enable --compile.enable \
+    ${TRAIN_EXTRA:-}
   python3 scripts/train_report.py compiled="$out/compiled" --config gdn_340m_sp | tee "$out/report.md"
 elif [ "$mode" = profile ]; then
+  # shellcheck disable=SC2086
   run profiled "${CURVE_COMPILED_S:-240}" 1 "-m linrnn.train" --training.steps 40 --validator.no-enable --compile.enable \
-    --profiler.enable_profiling --profiler.profile_freq 30
+    --profiler.enable_profiling --profiler.profile_freq 30 ${TRAIN_EXTRA:-}
   trace=$(find "$out/profiled" -name 'rank0_trace.json*' | sort | tail -1)
   python3 scripts/trace_summary.py "$trace" --top 40 | tee "$out/trace_summary.txt"
   rm -rf "$out/profiled/profiling"
