@@ -13,11 +13,13 @@ def main(path: str) -> None:
     runs = json.load(open(path))
     medians = defaultdict(dict)  # (cell, batch) -> {impl: seconds}
     prefill = defaultdict(dict)  # (cell, steps) -> {impl: seconds}
-    chunk, model, generate = [], [], []
+    chunk, model, generate, pairs = [], [], [], []
     for bench in runs["benchmarks"]:
         info = bench["extra_info"]
         if info.get("kind") == "model":
             model.append(info)
+        elif info.get("kind") == "pair":
+            pairs.append(info)
         elif info.get("kind") == "generate":
             generate.append(info)
         elif info.get("kind") == "chunk":
@@ -33,6 +35,8 @@ def main(path: str) -> None:
         chunk_tables(chunk)
     if model:
         model_table(model)
+    if pairs:
+        pair_table(pairs)
     if generate:
         generate_table(generate)
     if not medians:
@@ -105,6 +109,17 @@ def model_table(rows: list[dict]) -> None:
                 f"{versus_llama} | "
                 f"{row['params'] / 1e6:.1f}M | {row['last_loss']:.3f} |"
             )
+
+
+def pair_table(rows: list[dict]) -> None:
+    """benchmarks/test_model_gpu.py's alternating pairs: each model's median tokens/s and A's speed-up over B as the
+    median (and range) of the per-round step-time ratios."""
+    print("\n| shape | A | B | A tokens/s | B tokens/s | A's speed-up (median of rounds) | range | rounds |")
+    print("|---|---|---|---:|---:|---:|---|---:|")
+    for row in rows:
+        spread = f"{row['speedup_low']:.2f}–{row['speedup_high']:.2f}"
+        print(f"| {row['batch']}×{row['steps']} | {row['a']} | {row['b']} | {row['a_tokens_per_s']:,.0f} | "
+              f"{row['b_tokens_per_s']:,.0f} | {row['speedup']:.2f} | {spread} | {row['rounds']} |")  # fmt: skip
 
 
 def generate_table(rows: list[dict]) -> None:

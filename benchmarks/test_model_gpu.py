@@ -12,8 +12,11 @@ layers of 16 heads (SDPA). linrnn's loss is ``LanguageModel.loss`` (no ``[B, T, 
 ``torch.compile(model.loss, fullgraph=True)``, "graphed" the same with ``mode="reduce-overhead"`` (CUDA graphs). FLA
 and the Llama compute their loss from the logits as their ``labels=`` path does. Shapes B×T ∈ {4×4096, 1×16384}
 (``MODEL_BENCH_SHAPES``); models in ``MODEL_BENCH_MODELS``; tests that would start after ``MODEL_BENCH_DEADLINE``
-(epoch seconds) skip. ``MODEL_BENCH_LOCAL_FIRST=1`` turns on ``chunk.STATE_BWD_LOCAL_FIRST`` (the backward state
-pass's chunk-local terms from a parallel kernel first) for this process.
+(epoch seconds) skip. ``MODEL_BENCH_PAIRS="linrnn_gdn_compiled:fla_gdn,..."`` also times each pair in one process with
+their steps alternating (``test_paired_steps``: A's speed-up as the median of the per-round ratios, steadier than
+two medians taken minutes apart on a host whose load varies). ``MODEL_BENCH_LOCAL_FIRST=1`` turns on
+``chunk.STATE_BWD_LOCAL_FIRST`` (the backward state pass's chunk-local terms from a parallel kernel first) for this
+process.
 Reported per test (``extra_info``): tokens/s at the median step and at the fastest one, the steps' spread
 ((slowest − fastest) / median: a step bound by the host varies with the host's load), peak allocated and peak
 reserved GiB over the timed steps (a CUDA graph's memory shows only in the reserved one), parameter count, the
@@ -30,6 +33,7 @@ CPU dry run of the harness (tiny models, linrnn only)::
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import pytest
@@ -44,6 +48,8 @@ MODELS = os.environ.get(
     "linrnn_gammanet,linrnn_gammanet_compiled",
 ).split(",")
 ROUNDS = int(os.environ.get("MODEL_BENCH_ROUNDS", "8"))
+# "A:B,...": pairs timed in alternation (test_paired_steps); none by default
+PAIRS = [tuple(p.split(":")) for p in os.environ.get("MODEL_BENCH_PAIRS", "").split(",") if p]
 DEADLINE = float(os.environ.get("MODEL_BENCH_DEADLINE", "inf"))  # epoch seconds: later tests skip
 VOCAB, HIDDEN, LAYERS, HEADS, MLP = (32000, 1024, 21, 6, 2816) if DEVICE == "cuda" else (512, 64, 2, 2, 128)
 CELLS = {"gdn": "gated_deltanet", "kda": "kda", "gammanet": "gammanet"}
@@ -126,12 +132,10 @@ def build(name: str, steps: int):
     return model, logits_loss, {"fla_bwd_guard_lifted": family == "fla"}
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"{b}x{t}" for b, t in SHAPES])
-@pytest.mark.parametrize("name", MODELS)
-def test_training_step(benchmark, name, shape):
+def make_step(name: str, shape: tuple[int, int]):
+    """(model, step, losses, info): one training step of model ``name`` at ``shape`` with its own optimizer and
+    batch, warmed up (compiled, autotuned, allocator settled); ``losses`` collects every step's loss."""
     batch, steps = shape
-    if time.time() > DEADLINE:
-        pytest.skip("MODEL_BENCH_DEADLINE passed (a benchmark cut short writes no results at all)")
     torch.manual_seed(0)
     model, loss_fn, info = build(name, steps)
     model = model.to(DEVICE).train()
@@ -154,6 +158,16 @@ def test_training_step(benchmark, name, shape):
 
     for _ in range(3):  # compile, autotune, allocator warm-up
         step()
+    return model, step, losses, info
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{b}x{t}" for b, t in SHAPES])
+@pytest.mark.parametrize("name", MODELS)
+def test_training_step(benchmark, name, shape):
+    batch, steps = shape
+    if time.time() > DEADLINE:
+        pytest.skip("MODEL_BENCH_DEADLINE passed (a benchmark cut short writes no results at all)")
+    model, step, losses, info = make_step(name, shape)
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
     benchmark.pedantic(step, rounds=ROUNDS, iterations=1)
@@ -183,3 +197,39 @@ def test_training_step(benchmark, name, shape):
         table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=80)
         with open(os.path.join(profile_dir, f"profile_{name}_{batch}x{steps}.txt"), "w") as file:
             file.write(table)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{b}x{t}" for b, t in SHAPES])
+@pytest.mark.parametrize("pair", PAIRS, ids=[f"{a}-vs-{b}" for a, b in PAIRS])
+def test_paired_steps(benchmark, pair, shape):
+    """Two models in one process, their steps alternating A B B A …: a load on the host that comes and goes hits
+    both alike, so the ratio of each round's step times is steadier than the ratio of two separate medians.
+    Reported: each model's median tokens/s and the median over rounds of time(B) / time(A), A's speed-up."""
+    if time.time() > DEADLINE:
+        pytest.skip("MODEL_BENCH_DEADLINE passed (a benchmark cut short writes no results at all)")
+    batch, steps = shape
+    steps_of = {name: make_step(name, shape)[1] for name in pair}
+    for step in steps_of.values():  # a compiled model built second resets dynamo: the first recompiles here
+        step()
+    times = {name: [] for name in pair}
+
+    def timed(name):
+        start = time.perf_counter()
+        steps_of[name]()
+        times[name].append(time.perf_counter() - start)
+
+    def round_():  # A B, then B A: the order alternates with the rounds
+        order = pair if len(times[pair[0]]) % 2 == 0 else pair[::-1]
+        for name in order:
+            timed(name)
+
+    benchmark.pedantic(round_, rounds=2 * ROUNDS, iterations=1)
+    first, second = pair
+    ratios = [b / a for a, b in zip(times[first], times[second], strict=True)]
+    benchmark.extra_info.update(
+        kind="pair", a=first, b=second, batch=batch, steps=steps, rounds=len(ratios),
+        a_tokens_per_s=batch * steps / statistics.median(times[first]),
+        b_tokens_per_s=batch * steps / statistics.median(times[second]),
+        speedup=statistics.median(ratios), speedup_low=min(ratios), speedup_high=max(ratios),
+        device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+    )  # fmt: skip

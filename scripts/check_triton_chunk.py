@@ -178,6 +178,10 @@ def run_cases(plan, args, deadline):
     """Yields ``(status, line)`` per case of ``plan`` ((cell, dtype, case) triples), status PASS, FAIL or NOT RUN."""
     if args.backend == "triton":
         poison_triton_outputs()
+        if args.local_first:
+            from linrnn.kernels.triton import chunk
+
+            chunk.STATE_BWD_LOCAL_FIRST = True
     for cell, dtype, case in plan:
         label = f"{cell:<15} {DTYPE_NAMES[dtype]:<5} {case.name:<26}"
         if time.time() > deadline:
@@ -199,6 +203,7 @@ def run_worker(cell, dtype, args, deadline):
     command = [sys.executable, __file__, "--worker", f"{deadline}", "--backend", args.backend, "--device", args.device]
     command += ["--cells", cell, "--dtypes", DTYPE_NAMES[dtype]] + ["--quick"] * args.quick
     command += ["--cases", *args.cases] if args.cases else []
+    command += ["--local-first"] * args.local_first
     child = subprocess.run(command, capture_output=True, text=True)
     results = [tuple(line.split("\t", 1)) for line in child.stdout.splitlines() if "\t" in line]
     missing = len([case for case in cases(args.quick)[0] if not args.cases or case.name in args.cases]) - len(results)
@@ -226,6 +231,10 @@ def main() -> int:
         "over two device calls)"
     )  # fmt: skip
     parser.add_argument("--cases", nargs="+", help="run only the cases of these names (e.g. 'varlen' 'extreme gates')")
+    parser.add_argument(
+        "--local-first", action="store_true", help="with chunk.STATE_BWD_LOCAL_FIRST on (the backward state pass's "
+        "chunk-local terms from a parallel kernel first)"
+    )  # fmt: skip
     parser.add_argument("--worker", type=float, help=argparse.SUPPRESS)  # run_worker's child: the deadline
     args = parser.parse_args()
     dtypes = [dtype for dtype, name in DTYPE_NAMES.items() if name in args.dtypes]
