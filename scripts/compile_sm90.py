@@ -37,6 +37,7 @@ from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+TRITON = {"backend": "triton"}  # on CPU tensors "auto" would take the torch path
 
 
 class CompileOnlyDriver:
@@ -85,21 +86,21 @@ def chunk_cases(quick: bool):
     from linrnn.kernels.triton import chunk
     from tests.helpers import CELLS, OPS, forward_backward, make_inputs
 
-    dims = [(128, 256)] if quick else [(128, 256), (100, 100), (64, 64)]
-    dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float32]
-    for cell in CELLS:
+    dims = [] if quick else [(128, 256), (100, 100), (64, 64)]  # quick: the models' launches only
+    dtypes = [torch.bfloat16, torch.float32]
+    for cell in CELLS if dims else []:
         for k, v in dims:
             for dtype in dtypes:
                 fixed = make_inputs(cell, B=2, T=128, H=2, K=k, V=v, dtype=dtype, initial_state=True)
                 varlen = make_inputs(cell, B=1, T=100, H=2, K=k, V=v, dtype=dtype, initial_state=True, num_states=3)
                 bounds = torch.tensor([0, 37, 64, 100])
-                yield f"{cell} K={k} V={v} {dtype} fixed", lambda c=cell, x=fixed: forward_backward(c, x)
+                yield f"{cell} K={k} V={v} {dtype} fixed", lambda c=cell, x=fixed: forward_backward(c, x, **TRITON)
                 yield (f"{cell} K={k} V={v} {dtype} varlen",
-                       lambda c=cell, x=varlen, cu=bounds: forward_backward(c, x, cu_seqlens=cu))  # fmt: skip
+                       lambda c=cell, x=varlen, cu=bounds: forward_backward(c, x, cu_seqlens=cu, **TRITON))  # fmt: skip
 
                 def no_grad(c=cell, x=fixed):
                     with torch.no_grad():
-                        OPS[c](**x, output_final_state=True)
+                        OPS[c](**x, output_final_state=True, **TRITON)
 
                 yield f"{cell} K={k} V={v} {dtype} no grad", no_grad
 
@@ -107,7 +108,8 @@ def chunk_cases(quick: bool):
         chunk.STATE_BWD_LOCAL_FIRST = True
         try:
             for cell in ("gated_deltanet", "gammanet"):
-                forward_backward(cell, make_inputs(cell, B=2, T=128, H=2, K=128, V=256, dtype=torch.bfloat16))
+                inputs = make_inputs(cell, B=2, T=128, H=2, K=128, V=256, dtype=torch.bfloat16)
+                forward_backward(cell, inputs, **TRITON)
         finally:
             chunk.STATE_BWD_LOCAL_FIRST = False
 
@@ -146,7 +148,8 @@ def model_cases():
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the 340M head shape in bf16 only")
+    parser.add_argument("--quick", action="store_true", help="the models, the engine and STATE_BWD_LOCAL_FIRST only "
+                        "(every kernel at one shape, about a minute; CI)")  # fmt: skip
     parser.add_argument("--cache", action="store_true", help="keep the current Triton cache (default: a fresh one)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="linrnn-sm90-") as cache:
