@@ -41,6 +41,7 @@ if triton.__version__ != sys.argv[1]:
     sys.exit(f"expected triton {sys.argv[1]}, got {triton.__version__} from {triton.__file__}")
 EOF
 
+if [ -n "${TRITON_VENV_ONLY:-}" ]; then exit 0; fi  # set up the venv only (.ci/run, before its parallel checks)
 export TRITON_INTERPRET=1
 exec "$py" -m pytest tests/kernels/test_triton_chunk.py tests/kernels/test_triton_fused_recurrent.py \
     tests/kernels/test_triton_tiles.py tests/kernels/test_validation.py tests/kernels/test_short_conv.py \
