@@ -167,10 +167,13 @@ def check(quick: bool) -> int:
     start = time.time()
     errors = {}
     for label, case in [*chunk_cases(quick), *model_cases()]:
+        before = len(failures)
         try:
             case()
         except Exception as error:  # noqa: BLE001 - a host-side failure around the launches
             errors[label] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        status = "FAIL" if label in errors or len(failures) > before else "ok"
+        print(f"{status:4} {label} ({time.time() - start:.0f} s)", flush=True)
     for name, message in sorted(failures.items()):
         print(f"FAIL kernel {name}: {message}")
     for label, message in errors.items():
