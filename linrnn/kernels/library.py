@@ -2,10 +2,10 @@
 
 Two ops, each with a fake (meta) implementation that gives only shapes and dtypes:
 
-- ``linrnn::chunk_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, ..., keep_states) -> (o,
-  final_state, states, values)``
-- ``linrnn::chunk_backward(do, d_final, <the forward's inputs>, states, values) -> (dq, dk, dw, dv, dg, dbeta,
-  d_initial, d_log_gamma)``
+- ``linrnn::chunk_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, ..., keep_states,
+  keep_intra) -> (o, final_state, states, values, intra, write_keys)``
+- ``linrnn::chunk_backward(do, d_final, <the forward's inputs>, states, values, intra, write_keys) -> (dq, dk, dw,
+  dv, dg, dbeta, d_initial, d_log_gamma)``
 
 registered as each other's autograd (``register_autograd``). Arguments follow ``triton.chunk.chunk_forward``:
 ``k`` is the erase direction (the write key too when ``w`` is None), ``w`` a decoupled write key, ``erase=False``
@@ -17,8 +17,10 @@ returns the chunk start states ``[rows, H, K, V]`` and, with erase, the correcte
 the inputs' dtype, and the backward reuses them. Those come from the sequential state pass, the one launch whose
 time grows with the sequence length rather than the batch (at 1×16384 with 6 heads it has 96 programs walking 256
 chunks); the parallel launches (decay cumsums, intra-chunk matrices, the block solve) rerun in the backward, and
-the output kernel too with per-head decay, where it forms ``A_qk``. The torch backward reruns the chunked forward
-under ``torch.func.vjp``.
+the output kernel too with per-head decay, where it forms ``A_qk``. With ``keep_intra`` as well (``KEEP_INTRA``)
+the forward also returns its intra-chunk matrices ``[n, B·T, H, 64]`` fp32 (``triton.chunk.intra_names``) and,
+with erase, the scaled erase keys ``W_s`` ``[B·T, H, K]``, and the backward reruns only the decay cumsums. The torch
+backward reruns the chunked forward under ``torch.func.vjp``.
 
 GammaNet (``log_gamma``): the ops run the kernels on ``Γq`` and ``Γ⁻¹w`` in the inputs' dtype (bf16 under autocast)
 and the backward asks the kernels for the gradients of those two in fp32. ``d log Γ = Σ Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)``
@@ -44,6 +46,10 @@ _NOTHING = (0,)  # shape of the stand-in for an absent tensor
 # the Triton forward keeps its chunk states and corrected values for the backward when autograd records (module
 # docstring); False reruns the state pass in the backward instead (less activation memory, one more sequential pass)
 KEEP_STATES = True
+# with the kept states, also keep the intra-chunk matrices and W_s for the backward: "never", "decoupled" (a
+# decoupled write key, GammaNet: four matrices to rerun, not two) or "always"; "decoupled" took 9.6 ms of a 188 ms
+# GammaNet step (340M, 4×4096, H200) for 151 MB per layer
+KEEP_INTRA = "decoupled"
 
 
 def _absent(like: Tensor) -> Tensor:
@@ -72,10 +78,11 @@ def chunk_forward_op(
     backend: str,
     chunk_size: int,
     keep_states: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    keep_intra: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     if log_gamma is not None:
         q, w, _ = fold(q, w, log_gamma, backend)
-    states = values = None
+    states = values = intra = write_keys = None
     if backend == "triton":
         from linrnn.kernels.triton.chunk import chunk_forward
 
@@ -85,11 +92,13 @@ def chunk_forward_op(
                                         fp32_accurate=fp32_accurate)  # fmt: skip
         if keep_states:
             states, values = saved["states"], saved["U"]
+            if keep_intra:
+                intra, write_keys = saved["intra"], saved["W_s"]
     else:
         o, final = _torch_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, output_final_state,
                                   chunk_size)  # fmt: skip
     final = final.contiguous() if final is not None else None  # the fake's layout
-    return o.contiguous(), *(_absent(o) if x is None else x for x in (final, states, values))
+    return o.contiguous(), *(_absent(o) if x is None else x for x in (final, states, values, intra, write_keys))
 
 
 def _torch_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, output_final_state, chunk_size):
@@ -114,11 +123,11 @@ def fold(q: Tensor, w: Tensor, log_gamma: Tensor, backend: str = "torch") -> tup
 
 @chunk_forward_op.register_fake
 def _(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, output_final_state, fp32_accurate,
-      backend, chunk_size, keep_states):  # fmt: skip
+      backend, chunk_size, keep_states, keep_intra):  # fmt: skip
     o = v.new_empty(v.shape)
     (batch, steps, heads, key_dim), value_dim = q.shape, v.shape[3]
     sequences = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    final, states, values = _absent(o), _absent(o), _absent(o)  # three tensors: the real op's do not alias
+    final, states, values, intra, write_keys = (_absent(o) for _ in range(5))  # the real op's do not alias
     if output_final_state:
         state_dtype = compute_dtype(q.dtype) if backend == "torch" else torch.float32
         final = q.new_empty((batch if sequences is None else sequences, heads, key_dim, value_dim), dtype=state_dtype)
@@ -128,7 +137,14 @@ def _(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, o
         states = q.new_empty((state_rows(batch, steps, sequences), heads, key_dim, value_dim))
         if erase:
             values = v.new_empty((batch * steps, heads, value_dim))
-    return o, final, states, values
+        if keep_intra:
+            from linrnn.kernels.triton.chunk import CHUNK, intra_names
+
+            names = intra_names(erase, w is not None)
+            intra = q.new_empty((len(names), batch * steps, heads, CHUNK), dtype=torch.float32)
+            if erase:
+                write_keys = q.new_empty((batch * steps, heads, key_dim))
+    return o, final, states, values, intra, write_keys
 
 
 @torch.library.custom_op("linrnn::chunk_backward", mutates_args=())
@@ -151,6 +167,8 @@ def chunk_backward_op(
     chunk_size: int,
     states: Tensor,
     values: Tensor,
+    intra: Tensor,
+    write_keys: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     d_final = _present(d_final)
     folded_q, folded_w = q, w
@@ -160,7 +178,7 @@ def chunk_backward_op(
         from linrnn.kernels.triton.chunk import chunk_backward, chunk_forward
 
         args = [x if x is None else x.contiguous() for x in (folded_q, k, folded_w, v, g, beta, initial_state)]
-        kept = None if _present(states) is None else (states, _present(values))  # the forward's state pass
+        kept = dict(states=_present(states), U=_present(values), intra=_present(intra), W_s=_present(write_keys))
         _, _, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                     output_final_state=False, cu_seqlens=cu_seqlens, fp32_accurate=fp32_accurate,
                                     need_output=False, kept=kept)  # fmt: skip
@@ -208,27 +226,28 @@ def _torch_backward(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens,
 
 @chunk_backward_op.register_fake
 def _(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, fp32_accurate, backend,
-      chunk_size, states, values):  # fmt: skip
+      chunk_size, states, values, intra, write_keys):  # fmt: skip
     inputs = (q, k, w, v, g, beta, initial_state, log_gamma)
     return tuple(_absent(do) if x is None else x.new_empty(x.shape) for x in inputs)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, _, fp32_accurate, backend,
-     chunk_size, _) = inputs  # fmt: skip
-    _, _, states, values = output
-    ctx.save_for_backward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, states, values)
+     chunk_size, _, _) = inputs  # fmt: skip
+    _, _, states, values, intra, write_keys = output
+    ctx.save_for_backward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, states, values, intra,
+                          write_keys)  # fmt: skip
     ctx.options = (erase, scale, fp32_accurate, backend, chunk_size)
 
 
-def _backward(ctx, do, d_final, _d_states, _d_values):
-    q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, states, values = ctx.saved_tensors
+def _backward(ctx, do, d_final, *_d_kept):
+    q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, *kept = ctx.saved_tensors
     if d_final is None or d_final.numel() == 0:
         d_final = _absent(do)
     grads = chunk_backward_op(do.contiguous(), d_final.contiguous(), q, k, w, v, g, beta, initial_state,
-                              cu_seqlens, log_gamma, *ctx.options, states, values)  # fmt: skip
+                              cu_seqlens, log_gamma, *ctx.options, *kept)  # fmt: skip
     *grads, d_log_gamma = [_present(grad) for grad in grads]
-    return (*grads, None, d_log_gamma, *([None] * 7))  # cu_seqlens and the options get no gradient
+    return (*grads, None, d_log_gamma, *([None] * 8))  # cu_seqlens and the options get no gradient
 
 
 chunk_forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -249,7 +268,9 @@ def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_f
         cu_seqlens = cu_seqlens.long()
     inputs = (q, w, v, e, g, beta, initial_state, log_gamma)
     records = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
-    o, final, _, _ = chunk_forward_op(q, erase_direction, write_key, v, g, beta, initial_state, cu_seqlens, log_gamma,
-                                      e is not None, float(scale), output_final_state, fp32_accurate, backend,
-                                      chunk_size or 0, KEEP_STATES and records and backend == "triton")  # fmt: skip
+    keep_states = KEEP_STATES and records and backend == "triton"
+    keep_intra = keep_states and (KEEP_INTRA == "always" or KEEP_INTRA == "decoupled" and write_key is not None)
+    o, final, *_ = chunk_forward_op(q, erase_direction, write_key, v, g, beta, initial_state, cu_seqlens, log_gamma,
+                                    e is not None, float(scale), output_final_state, fp32_accurate, backend,
+                                    chunk_size or 0, keep_states, keep_intra)  # fmt: skip
     return o, final if output_final_state else None

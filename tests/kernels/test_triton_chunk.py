@@ -72,9 +72,10 @@ def test_varlen(cell):
 
 @pytest.mark.parametrize(("cell", "varlen"), [("gla", False), ("gated_deltanet", True), ("gammanet", True)])
 def test_kept_states_equal_recomputed(cell, varlen, monkeypatch):
-    """The backward from the forward's kept chunk states (``library.KEEP_STATES``, what autograd uses) equals the
-    one that reruns the state pass: the same kernels on the same inputs, so bit for bit. No erase (no kept values),
-    tied erase, decoupled erase; varlen states have more rows than chunks (the bound from shapes)."""
+    """The backward from the forward's kept chunk states (``library.KEEP_STATES``, what autograd uses), with and
+    without its kept intra-chunk matrices (``library.KEEP_INTRA``), equals the one that reruns the state pass: the
+    same kernels on the same inputs, so bit for bit. No erase (no kept values), tied erase, decoupled erase; varlen
+    states have more rows than chunks (the bound from shapes)."""
     from linrnn.kernels import library
 
     lengths = [5, 64] if varlen else [70]  # varlen: 2 chunks, 3 rows
@@ -82,16 +83,19 @@ def test_kept_states_equal_recomputed(cell, varlen, monkeypatch):
                          seed=5)  # fmt: skip
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=DEVICE) if varlen else None
     runs = []
-    for keep in (True, False):
-        monkeypatch.setattr(library, "KEEP_STATES", keep)
+    for keep_states, keep_intra in ((True, "always"), (True, "never"), (False, "always")):
+        monkeypatch.setattr(library, "KEEP_STATES", keep_states)
+        monkeypatch.setattr(library, "KEEP_INTRA", keep_intra)
         runs.append(forward_backward(cell, to_kernel(inputs, torch.float32), backend="triton", cu_seqlens=cu_seqlens))
-    for kept, recomputed in zip(*runs, strict=True):
-        if isinstance(kept, dict):
-            assert kept.keys() == recomputed.keys()
-            for name in kept:
-                assert torch.equal(kept[name], recomputed[name]), name
-        else:
-            assert torch.equal(kept, recomputed)
+    *kept_runs, recomputed_run = runs
+    for kept_run in kept_runs:
+        for kept, recomputed in zip(kept_run, recomputed_run, strict=True):
+            if isinstance(kept, dict):
+                assert kept.keys() == recomputed.keys()
+                for name in kept:
+                    assert torch.equal(kept[name], recomputed[name]), name
+            else:
+                assert torch.equal(kept, recomputed)
 
 
 @pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])

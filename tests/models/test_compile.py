@@ -109,8 +109,9 @@ def test_whole_model_on_packed_documents_breaks_once():
 def test_custom_op_registration(backend, varlen, initial_state, folded):
     """``torch.library.opcheck``: schema, autograd registration, fake tensors against the real op (shapes, dtypes,
     strides), AOT dispatch; the Triton path in fp32 (under the interpreter on a CPU), the torch path in fp64.
-    ``folded``: GammaNet's form, a decoupled write key and ``log_gamma``. With ``keep_states`` (the Triton forward
-    returns its chunk states for the backward; varlen: as many rows as the shapes bound)."""
+    ``folded``: GammaNet's form, a decoupled write key and ``log_gamma``. With ``keep_states`` and ``keep_intra`` (the
+    Triton forward returns its chunk states and intra-chunk matrices for the backward; varlen: as many state rows as
+    the shapes bound)."""
     if backend == "triton":
         pytest.importorskip("triton")
     dtype = torch.float64 if backend == "torch" else torch.float32
@@ -133,7 +134,8 @@ def test_custom_op_registration(backend, varlen, initial_state, folded):
         state = state.detach().to(dtype).requires_grad_()
     w = leaf(batch_size, steps, heads, key_dim) if folded else None
     log_gamma = (0.3 * torch.randn(heads, key_dim, dtype=dtype, device=device)).requires_grad_() if folded else None
-    args = (q, k, w, v, g, beta, state, cu_seqlens, log_gamma, True, 0.3, True, True, backend, 4, True)
+    keep = backend == "triton"  # the chunk states, and the intra-chunk matrices too
+    args = (q, k, w, v, g, beta, state, cu_seqlens, log_gamma, True, 0.3, True, True, backend, 4, keep, keep)
     results = torch.library.opcheck(library.chunk_forward_op, args)
     assert set(results.values()) == {"SUCCESS"}, results
 

@@ -138,9 +138,10 @@ def chunk_forward(
     """Forward launches. ``k``: the erase direction (the write key when tied or without erase); ``w``: the write
     key when decoupled (w ≠ k), else None. Returns ``(o, final_state, saved)``, ``saved`` for the backward.
     ``need_output=False`` (the backward's recomputation) skips the output kernel where nothing else needs it
-    (then ``o`` is None): with per-head decay it also forms ``A_qk``, so there it runs. ``kept``: ``(states, U)``
-    of an earlier forward on the same inputs (``saved["states"]``, ``saved["U"]``), which skips the sequential
-    state pass (then no final state)."""
+    (then ``o`` is None): with per-head decay it also forms ``A_qk``, so there it runs. ``kept``: a dict with
+    ``states`` and ``U`` of an earlier forward on the same inputs (``saved["states"]``, ``saved["U"]``), which
+    skips the sequential state pass (then no final state), and optionally ``intra`` and ``W_s``
+    (``saved["intra"]``, ``saved["W_s"]``), which skip the intra-chunk and solve kernels too."""
     layout = _Layout(q, v, g, cu_seqlens, fp32_accurate)
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
@@ -156,40 +157,45 @@ def chunk_forward(
             g, G, None, **common, H=H, D=channels, BD=block, DE=1, BDE=1, BT=CHUNK, REVERSE=False, HAS_EXTRA=False,
         )  # fmt: skip
 
-    A_qk = torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device)
-    A_kk = torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device) if erase else None
-    A_qw, A_kw = (torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device) for _ in range(2)) if decoupled \
-        else (None, None)  # fmt: skip
+    kept = kept or {}
+    intra_kept, states_kept = kept.get("intra") is not None, kept.get("states") is not None
+    if intra_kept and not states_kept:
+        raise ValueError("chunk_forward: kept intra-chunk matrices need the kept states too")
+    names = intra_names(erase, decoupled)
+    intra = kept["intra"] if intra_kept else torch.empty(len(names), TT, H, CHUNK, dtype=torch.float32, device=device)
+    matrices = dict.fromkeys(("A_kk", "A_qw", "A_kw", "T")) | dict(zip(names, intra.unbind(0), strict=True))
+    A_qk, A_kk, A_qw, A_kw, T = (matrices[name] for name in ("A_qk", "A_kk", "A_qw", "A_kw", "T"))
     per_channel = layout.decay == DECAY_CHANNEL.value
     intra_grid = (NT, H, (CHUNK // SUB_CHUNK) ** 2 if per_channel else 1)
     intra_warps = {DECAY_CHANNEL.value: "intra_channel", DECAY_HEAD.value: "intra_head"}.get(layout.decay, "intra")
-    if layout.decay != DECAY_HEAD.value or erase or decoupled:  # else the output kernel forms A_qk, all that is left
+    # with per-head decay and neither erase nor a decoupled key the output kernel forms A_qk, all there is
+    if not intra_kept and (layout.decay != DECAY_HEAD.value or erase or decoupled):
         chunk_intra_kernel[intra_grid](
             q, k, w, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
             BK=_block(K, 64), DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision,
             num_warps=layout.warps(intra_warps), num_stages=layout.stages,
         )  # fmt: skip
 
-    T = W_s = U = None
-    if erase:
-        T = torch.empty(TT, H, CHUNK, dtype=torch.float32, device=device)
+    W_s = U = U_v = None
+    if erase and intra_kept:
+        W_s = kept["W_s"]
+    elif erase:
         W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
-        U_v = torch.empty(TT, H, V, dtype=torch.float32, device=device) if kept is None else None
+        U_v = None if states_kept else torch.empty(TT, H, V, dtype=torch.float32, device=device)
         chunk_solve_wu_kernel[(NT, H)](
             k, v, beta, G, A_kk, A_kw, T, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BC=SUB_CHUNK,
             BK=_block(K, SOLVE_WU_BLOCK), BV=_block(V, SOLVE_WU_BLOCK), DECAY=layout.decay, HAS_BETA=has_beta,
-            DECOUPLED=decoupled, STORE_VALUES=kept is None, PREC=layout.precision,
+            DECOUPLED=decoupled, STORE_VALUES=not states_kept, PREC=layout.precision,
             num_warps=layout.warps("solve_wu"), num_stages=layout.stages,
         )  # fmt: skip
-        U = torch.empty(TT, H, V, dtype=dtype, device=device) if kept is None else None
-    else:
-        U_v = None
+    if erase and not states_kept:
+        U = torch.empty(TT, H, V, dtype=dtype, device=device)
 
     final = new_output((layout.sequences, H, K, V), torch.float32, device) if output_final_state else None
-    if kept is not None:
+    if states_kept:
         if output_final_state:
             raise ValueError("chunk_forward: kept states give no final state; pass output_final_state=False")
-        states, U = kept
+        states, U = kept["states"], kept["U"]
     else:
         states = torch.empty(layout.state_rows, H, K, V, dtype=dtype, device=device)
         block_v = _state_block_v(layout)
@@ -203,7 +209,7 @@ def chunk_forward(
     del U_v
 
     o = None
-    if need_output or layout.decay == DECAY_HEAD.value:
+    if need_output or layout.decay == DECAY_HEAD.value and not intra_kept:
         o = new_output(v.shape, v.dtype, device)
         block_v = _block(V, 64)
         chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
@@ -211,8 +217,15 @@ def chunk_forward(
             BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
             DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("output"), num_stages=layout.stages,
         )  # fmt: skip
-    saved = dict(layout=layout, G=G, A_qk=A_qk, A_kk=A_kk, A_qw=A_qw, A_kw=A_kw, T=T, W_s=W_s, U=U, states=states)
+    saved = dict(layout=layout, G=G, A_qk=A_qk, A_kk=A_kk, A_qw=A_qw, A_kw=A_kw, T=T, W_s=W_s, U=U, states=states,
+                 intra=intra)  # fmt: skip
     return o, final, saved
+
+
+def intra_names(erase: bool, decoupled: bool) -> tuple[str, ...]:
+    """The intra-chunk matrices ``[TT, H, 64]`` fp32 a forward forms, in the order of ``saved["intra"]``
+    ``[len(names), TT, H, 64]``: ``A_qk``; with erase ``A_kk`` and ``T``; decoupled ``A_qw`` and ``A_kw``."""
+    return ("A_qk",) + (("A_kk", "T") if erase else ()) + (("A_qw", "A_kw") if decoupled else ())
 
 
 def _block(size: int, cap: int) -> int:
