@@ -9,8 +9,9 @@ there; the fp64 check is ``scripts/check_triton_chunk.py``). Variants compile in
 one.
 
 A variant is a JSON object: ``warps`` ``{kernel: n}`` (``"*"``: every kernel), ``stages`` (``STAGES_16BIT``),
-``local_first`` (``STATE_BWD_LOCAL_FIRST``), ``min_programs`` (``STATE_MIN_PROGRAMS``), ``keep_intra``
-(``library.KEEP_INTRA``). Run on the device with the carried wheels on PYTHONPATH::
+``kernel_stages`` (``KERNEL_STAGES_16BIT``), ``local_first`` (``STATE_BWD_LOCAL_FIRST``), ``min_programs``
+(``STATE_MIN_PROGRAMS``), ``keep_intra`` (``library.KEEP_INTRA``). Run on the device with the carried wheels on
+PYTHONPATH::
 
     python3 scripts/tune_chunk.py --cells gammanet kda --shapes 4x4096 1x16384 > $OUT/tune.jsonl
 
@@ -54,6 +55,9 @@ def apply(variant: dict) -> None:
         chunk.WARPS[name] = warps.get(name, warps.get("*", chunk.WARPS[name]))
     if "stages" in variant:
         chunk.STAGES_16BIT[:] = [tuple(pair) for pair in variant["stages"]]
+    if "kernel_stages" in variant:
+        chunk.KERNEL_STAGES_16BIT.clear()
+        chunk.KERNEL_STAGES_16BIT.update(variant["kernel_stages"])
     if "local_first" in variant:
         chunk.STATE_BWD_LOCAL_FIRST = variant["local_first"]
     if "min_programs" in variant:
@@ -118,7 +122,8 @@ def run_variant(variant: dict, cells: list[str], shapes: list[str], reference: s
                 x.grad = None
             out = calls[cell](tensors)[0]
             out.backward(d_out)
-            values = {"o": out.detach().float(), **{n: x.grad.float() for n, x in tensors.items()}}
+            # copies: do_bench's first call accumulates into the fp32 gradients in place
+            values = {"o": out.detach().float(), **{n: x.grad.float().clone() for n, x in tensors.items()}}
             key = f"{cell}_{shape}"
             results[key] = values
             error = None

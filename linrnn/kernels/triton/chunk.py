@@ -44,13 +44,21 @@ CHUNK = 64
 SUB_CHUNK = 16
 MAX_BLOCK = 256  # K up to 256: the state kernels hold all of K
 STATE_BLOCK_V = {64: 64, 128: 64, 256: 16}  # key width -> most value columns per state-pass program
-STATE_MIN_PROGRAMS = 128  # 256 halved the state columns at 2×16384 and doubled the backward state pass
+# 256 halved the state columns at 2×16384 and doubled the backward state pass; 64 rather than 128 (64 columns, not
+# 32, at 4×4096 with H = 6, K = 128, V = 256) took the state passes of KDA from 267 + 620 µs to 267 + 341 and of
+# GammaNet from 501 + 846 to 334 + 532 (H200)
+STATE_MIN_PROGRAMS = 64
 # warps per program, by kernel (chosen by timing on an H100, B×T = 8×4096, H = 16, K = V = 128, bf16): 8 where
 # [64, 64] fp32 tiles spill out of registers with 4; 1 for the 16 × 16 block solve, whose row-by-row substitution is
 # cross-thread reductions (2.9× faster than with 4 warps); 8 for intra with per-head decay (0.32 -> 0.20 ms), not
-# without decay: there 8 warps gave a wrong A_kk for bf16 at K = 128 (triton 3.6, H100) and no speed-up
-WARPS = dict(intra=4, intra_head=8, intra_channel=2, solve_wu=1, state_fwd=4, output=4, state_bwd=8, main=8, local=8,
-             bwd_intra=4, bwd_intra_channel=2, fused=8, local_du=4)  # fmt: skip
+# without decay: there 8 warps gave a wrong A_kk for bf16 at K = 128 (triton 3.6, H100) and no speed-up.
+# "<kernel>_decoupled": a decoupled write key's launch (GammaNet), timed at the 340M model's shapes (4×4096 and
+# 1×16384, H = 6, K = 128, V = 256, H200, scripts/tune_chunk.py): the solve with 2 warps (its extra P V product)
+# 276 -> 204 µs, where the tied one takes 96 with 1 and 148 with 2; the main backward kernel 265 -> 203 µs with 4
+# warps tied (KDA), 330 -> 372 decoupled
+WARPS = dict(intra=4, intra_head=8, intra_channel=2, solve_wu=1, solve_wu_decoupled=2, state_fwd=4, output=4,
+             state_bwd=8, main=4, main_decoupled=8, local=8, bwd_intra=4, bwd_intra_channel=2, fused=8,
+             local_du=4)  # fmt: skip
 # tied erase with no or per-head decay (DeltaNet, GDN): one backward kernel after the state pass, up to this K
 FUSED_MAX_K = 128
 FUSED_BLOCK_V = 32
@@ -61,6 +69,9 @@ SOLVE_WU_BLOCK = 32
 STATE_BWD_LOCAL_FIRST = False
 # software pipelining depth of 16-bit inputs, (state passes, other kernels), up to K = 128 and past it
 STAGES_16BIT = [(2, 3), (1, 2)]
+# kernels that run faster with another depth for 16-bit inputs: the output kernel 210 -> 172 µs with 2 (GammaNet,
+# 4×4096, H = 6, K = 128, V = 256, H200), where the backward's main and local kernels lose 15% with 2
+KERNEL_STAGES_16BIT = dict(output=2)
 
 
 def _chunk_index(lengths: Tensor, device) -> tuple[int, int, Tensor, Tensor]:
@@ -87,8 +98,10 @@ def _equal_lengths_index(batch: int, steps: int, device: torch.device) -> tuple[
 class _Layout:
     """Packed-sequence bookkeeping shared by the forward and backward launches."""
 
-    def __init__(self, q: Tensor, v: Tensor, g: Tensor | None, cu_seqlens: Tensor | None, fp32_accurate: bool):
+    def __init__(self, q: Tensor, v: Tensor, g: Tensor | None, cu_seqlens: Tensor | None, fp32_accurate: bool,
+                 decoupled: bool):  # fmt: skip
         batch, steps, self.heads, self.key_dim = q.shape
+        self.decoupled = decoupled
         self.value_dim = v.shape[-1]
         self.tokens = batch * steps
         if cu_seqlens is None:  # no host work or device sync: the index only depends on the shape
@@ -114,12 +127,19 @@ class _Layout:
             self.state_stages, self.stages = STAGES_16BIT[0 if self.key_dim <= 128 else 1]
 
     def warps(self, kernel: str) -> int:
-        """``WARPS[kernel]`` for 16-bit inputs with K, V ≥ 64, else at most 4. With 8 warps the backward's fused
-        and local kernels made illegal memory accesses on an H200 with triton 3.6, for fp32 inputs at every K and
-        for bf16 at K = V = 16, while 4 warps and the interpreter were correct."""
+        """``WARPS[kernel]`` (``WARPS[kernel + "_decoupled"]`` where there is one and the write key is decoupled)
+        for 16-bit inputs with K, V ≥ 64, else at most 4. With 8 warps the backward's fused and local kernels made
+        illegal memory accesses on an H200 with triton 3.6, for fp32 inputs at every K and for bf16 at
+        K = V = 16, while 4 warps and the interpreter were correct."""
+        warps = WARPS.get(f"{kernel}_decoupled", WARPS[kernel]) if self.decoupled else WARPS[kernel]
         if self.half and min(self.key_dim, self.value_dim) >= 64:
-            return WARPS[kernel]
-        return min(WARPS[kernel], 4)
+            return warps
+        return min(warps, 4)
+
+    def stages_of(self, kernel: str) -> int:
+        """Software pipelining depth of a parallel kernel: ``KERNEL_STAGES_16BIT`` for 16-bit inputs, else the
+        common depth."""
+        return KERNEL_STAGES_16BIT.get(kernel, self.stages) if self.half else self.stages
 
 
 def state_rows(batch: int, steps: int, sequences: int | None) -> int:
@@ -142,7 +162,7 @@ def chunk_forward(
     ``states`` and ``U`` of an earlier forward on the same inputs (``saved["states"]``, ``saved["U"]``), which
     skips the sequential state pass (then no final state), and optionally ``intra`` and ``W_s``
     (``saved["intra"]``, ``saved["W_s"]``), which skip the intra-chunk and solve kernels too."""
-    layout = _Layout(q, v, g, cu_seqlens, fp32_accurate)
+    layout = _Layout(q, v, g, cu_seqlens, fp32_accurate, decoupled=w is not None)
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
     common = dict(cu_seqlens=layout.cu_seqlens, chunk_index=layout.chunk_index)
@@ -215,7 +235,8 @@ def chunk_forward(
         chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
             q, k, v, beta, G, states, U, A_qk, A_qw, o, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK,
             BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
-            DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("output"), num_stages=layout.stages,
+            DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("output"),
+            num_stages=layout.stages_of("output"),
         )  # fmt: skip
     saved = dict(layout=layout, G=G, A_qk=A_qk, A_kk=A_kk, A_qw=A_qw, A_kw=A_kw, T=T, W_s=W_s, U=U, states=states,
                  intra=intra)  # fmt: skip
