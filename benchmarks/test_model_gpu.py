@@ -14,9 +14,9 @@ and the Llama compute their loss from the logits as their ``labels=`` path does.
 (``MODEL_BENCH_SHAPES``); models in ``MODEL_BENCH_MODELS``; tests that would start after ``MODEL_BENCH_DEADLINE``
 (epoch seconds) skip. ``MODEL_BENCH_PAIRS="linrnn_gdn_compiled:fla_gdn,..."`` also times each pair in one process with
 their steps alternating (``test_paired_steps``: A's speed-up as the median of the per-round ratios, steadier than
-two medians taken minutes apart on a host whose load varies). ``MODEL_BENCH_LOCAL_FIRST=1`` turns on
-``chunk.STATE_BWD_LOCAL_FIRST`` (the backward state pass's chunk-local terms from a parallel kernel first) for this
-process.
+two medians taken minutes apart on a host whose load varies). ``MODEL_BENCH_LOCAL_FIRST=1`` (or ``0``) sets
+``chunk.STATE_BWD_LOCAL_FIRST`` (the backward state pass's chunk-local terms from a parallel kernel first; by
+default chosen by sequence length) for this process.
 Reported per test (``extra_info``): tokens/s at the median step and at the fastest one, the steps' spread
 ((slowest − fastest) / median: a step bound by the host varies with the host's load), peak allocated and peak
 reserved GiB over the timed steps (a CUDA graph's memory shows only in the reserved one), parameter count, the
@@ -53,10 +53,10 @@ PAIRS = [tuple(p.split(":")) for p in os.environ.get("MODEL_BENCH_PAIRS", "").sp
 DEADLINE = float(os.environ.get("MODEL_BENCH_DEADLINE", "inf"))  # epoch seconds: later tests skip
 VOCAB, HIDDEN, LAYERS, HEADS, MLP = (32000, 1024, 21, 6, 2816) if DEVICE == "cuda" else (512, 64, 2, 2, 128)
 CELLS = {"gdn": "gated_deltanet", "kda": "kda", "gammanet": "gammanet"}
-if os.environ.get("MODEL_BENCH_LOCAL_FIRST") == "1":
+if os.environ.get("MODEL_BENCH_LOCAL_FIRST") in ("0", "1"):
     from linrnn.kernels.triton import chunk
 
-    chunk.STATE_BWD_LOCAL_FIRST = True
+    chunk.STATE_BWD_LOCAL_FIRST = os.environ["MODEL_BENCH_LOCAL_FIRST"] == "1"
 
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("needs CUDA (or MODEL_BENCH_DEVICE=cpu for a dry run)", allow_module_level=True)

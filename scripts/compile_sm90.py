@@ -105,13 +105,13 @@ def chunk_cases(quick: bool):
                 yield f"{cell} K={k} V={v} {dtype} no grad", no_grad
 
     def local_first(k=32 if quick else 128, v=32 if quick else 256):
-        chunk.STATE_BWD_LOCAL_FIRST = True
+        before, chunk.STATE_BWD_LOCAL_FIRST = chunk.STATE_BWD_LOCAL_FIRST, True
         try:
             for cell in ("gated_deltanet", "gammanet"):
                 inputs = make_inputs(cell, B=2, T=128, H=2, K=k, V=v, dtype=torch.bfloat16)
                 forward_backward(cell, inputs, **TRITON)
         finally:
-            chunk.STATE_BWD_LOCAL_FIRST = False
+            chunk.STATE_BWD_LOCAL_FIRST = before
 
     yield "STATE_BWD_LOCAL_FIRST", local_first
 

@@ -98,14 +98,26 @@ def test_kept_states_equal_recomputed(cell, varlen, monkeypatch):
                 assert torch.equal(kept, recomputed)
 
 
-@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])
-def test_state_bwd_local_first(cell, monkeypatch):
+@pytest.mark.parametrize(("cell", "mode"), [("gated_deltanet", True), ("gammanet", True), ("gammanet", None)])
+def test_state_bwd_local_first(cell, mode, monkeypatch):
     """``chunk.STATE_BWD_LOCAL_FIRST``: the backward state pass's chunk-local terms from a parallel kernel first
-    (tied and decoupled erase, varlen) against the fp64 reference."""
-    monkeypatch.setattr(chunk, "STATE_BWD_LOCAL_FIRST", True)
+    (tied and decoupled erase, varlen) against the fp64 reference; forced, and by length (``None``: sequences
+    averaging ``LOCAL_FIRST_MIN_CHUNKS`` chunks, here 1, take it)."""
+    monkeypatch.setattr(chunk, "STATE_BWD_LOCAL_FIRST", mode)
+    monkeypatch.setattr(chunk, "LOCAL_FIRST_MIN_CHUNKS", 1)
+    grids = []
+    kernel = chunk.chunk_bwd_local_du_kernel
+
+    class Counting:  # the kernel, noting each launch's grid
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(chunk, "chunk_bwd_local_du_kernel", Counting())
     lengths = [5, 64]
     inputs = make_inputs(cell, B=1, T=sum(lengths), H=1, K=12, V=10, initial_state=True, num_states=2, seed=9)
     compare(cell, inputs, 1e-5, cu_seqlens=torch.tensor([0, 5, 69], device=DEVICE))
+    assert grids, "the local-first kernel never ran"
 
 
 @pytest.mark.parametrize("cell", ["deltanet", "kda", "gammanet"])
