@@ -115,6 +115,16 @@ def chunk_cases(quick: bool):
 
     yield "STATE_BWD_LOCAL_FIRST", local_first
 
+    def decoupled_head_decay(k=32 if quick else 128, v=32 if quick else 256):  # no cell's combination
+        from linrnn import ops
+
+        inputs = make_inputs("gated_deltanet", B=2, T=128, H=2, K=k, V=v, dtype=torch.bfloat16)
+        inputs["e"] = torch.nn.functional.normalize(torch.randn_like(inputs["k"].float()), dim=-1).bfloat16()
+        leaves = {name: x.detach().clone().requires_grad_(True) for name, x in inputs.items()}
+        ops.recurrence(**leaves, **TRITON)[0].double().sum().backward()
+
+    yield "decoupled erase, per-head decay", decoupled_head_decay
+
 
 def model_cases():
     """A one-layer model of every cell on the Triton backend: loss forward + backward under bf16 autocast (the

@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
@@ -167,6 +168,29 @@ def test_decoupled_without_beta_matches_torch():
     actual = ops.recurrence(**args, backend="triton")
     assert_close(actual[0].cpu(), expected[0].cpu(), 1e-5, "output")
     assert_close(actual[1].cpu(), expected[1].cpu(), 1e-5, "final state")
+
+
+@pytest.mark.parametrize("decay", ["none", "head"])
+def test_decoupled_backward_without_channel_decay(decay):
+    """A decoupled erase direction (``e`` ≠ k) with no or per-head decay, which no cell uses: outputs, final state
+    and every gradient against the fp64 reference, with an initial state and two packed sequences."""
+    inputs = make_inputs("gated_deltanet", B=1, T=77, H=2, K=12, V=10, initial_state=True, num_states=2, seed=6)
+    gen = torch.Generator().manual_seed(7)
+    args = {n: inputs[n] for n in ("q", "k", "v", "beta", "initial_state")}
+    args["e"] = F.normalize(torch.randn(inputs["k"].shape, generator=gen, dtype=torch.float64), dim=-1)
+    if decay == "head":
+        args["g"] = inputs["g"]
+    cu_seqlens = torch.tensor([0, 9, 77], device=DEVICE)
+    results = []
+    for backend, dtype in (("reference", torch.float64), ("triton", torch.float32)):
+        leaves = {n: x.detach().to(DEVICE, dtype).requires_grad_() for n, x in args.items()}
+        o, final = ops.recurrence(**leaves, output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
+        gen = torch.Generator().manual_seed(0)
+        loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
+        loss += (final.double() * torch.randn(final.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
+        loss.backward()
+        results.append((o.detach().cpu(), final.detach().cpu(), {n: x.grad.cpu() for n, x in leaves.items()}))
+    assert_runs_match(results[1], results[0], 1e-5)
 
 
 @pytest.mark.parametrize("decay", ["none", "head"])

@@ -285,7 +285,6 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
 
     dstates = torch.empty(NT, H, K, V, dtype=dtype, device=device)
     (dU,) = buffers(1, TT, H, V)
-    (dX,) = buffers(1, TT, H, V, when=decoupled)
     d_initial = new_output(initial_state.shape, torch.float32, device) if initial_state is not None else None
     local_first = STATE_BWD_LOCAL_FIRST
     if local_first is None:
@@ -293,14 +292,14 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     if local_first:
         block_v = _block(V, 64)
         chunk_bwd_local_du_kernel[(triton.cdiv(V, block_v), NT, H)](
-            saved["A_qk"], saved["A_qw"], do, dU, dX, **common, H=H, V=V, BT=CHUNK, BV=block_v, DECOUPLED=decoupled,
-            PREC=precision, num_warps=layout.warps("local_du"), num_stages=layout.stages,
+            saved["A_qk"], do, dU, **common, H=H, V=V, BT=CHUNK, BV=block_v, PREC=precision,
+            num_warps=layout.warps("local_du"), num_stages=layout.stages,
         )  # fmt: skip
     block_v = _state_block_v(layout)
     chunk_state_bwd_kernel[(triton.cdiv(V, block_v), layout.sequences * H)](
-        q, k, w, G, saved["W_s"], saved["A_qk"], saved["A_qw"], do, dU, dX, dstates, d_initial,
+        q, k, G, saved["W_s"], saved["A_qk"], do, dU, dstates, d_initial,
         None if d_final is None else d_final.contiguous(), layout.cu_seqlens, layout.chunk_offsets, scale,
-        H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
+        H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=decay, ERASE=erase,
         USE_INITIAL_STATE=initial_state is not None, USE_FINAL_GRAD=d_final is not None,
         LOCAL_DONE=local_first, PREC=precision, num_warps=layout.warps("state_bwd"),
         num_stages=layout.state_stages,
@@ -329,7 +328,6 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision, num_warps=layout.warps("main"),
         num_stages=layout.stages,
     )  # fmt: skip
-    del dstates
 
     (dA_qk,) = buffers(1, TT, H, CHUNK)
     (dA_qw,) = buffers(1, TT, H, CHUNK, when=decoupled)
@@ -338,12 +336,12 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     (dbeta,) = buffers(1, TT, H, when=has_beta)
     dv = new_output(v.shape, v.dtype, device)
     chunk_bwd_local_kernel[(NT, H)](
-        k, v, beta, G, saved["T"], saved["A_kk"], saved["A_kw"], saved["U"], dU, dX, do, dW_s, dv, dbeta, dk_plus,
-        dA_qk, dA_qw, dA_kk, dA_kw, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=_block(V, 64),
-        DECAY=decay, ERASE=erase, HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision,
-        num_warps=layout.warps("local"), num_stages=layout.stages,
+        k, w, v, beta, G, saved["T"], saved["A_kk"], saved["A_qw"], saved["A_kw"], saved["U"], dU, dstates, do, dW_s,
+        dv, dbeta, dk_plus, dA_qk, dA_qw, dA_kk, dA_kw, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k,
+        BV=_block(V, 64), BK_ALL=layout.block_k, DECAY=decay, ERASE=erase, HAS_BETA=has_beta, DECOUPLED=decoupled,
+        PREC=precision, num_warps=layout.warps("local"), num_stages=layout.stages,
     )  # fmt: skip
-    del dU, dX, dW_s
+    del dU, dW_s, dstates
 
     dq = new_output(q.shape, torch.float32 if fp32_grads else q.dtype, device)
     dk = new_output(k.shape, k.dtype, device)

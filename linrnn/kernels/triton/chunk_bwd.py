@@ -47,12 +47,11 @@ from linrnn.kernels.triton.tiles import load_head_tile, load_tile, store_head_ti
 
 @triton.jit
 def chunk_bwd_local_du_kernel(
-    A_qk, A_qw, do, dU, dX, cu_seqlens, chunk_index,
-    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, DECOUPLED: tl.constexpr,
-    PREC: tl.constexpr,
+    A_qk, do, dU, cu_seqlens, chunk_index,
+    H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """The state pass's chunk-local terms, in parallel over chunks: ``dU = A_qkᵀ dO`` and, decoupled,
-    ``dX = A_qwᵀ dO`` (fp32), to which ``chunk_state_bwd_kernel(LOCAL_DONE=True)`` adds the state's part."""
+    """The state pass's chunk-local term, in parallel over chunks: ``dU = A_qkᵀ dO`` (fp32), to which
+    ``chunk_state_bwd_kernel(LOCAL_DONE=True)`` adds the state's part."""
     vb, i, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, length, c, _ = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
@@ -60,23 +59,19 @@ def chunk_bwd_local_du_kernel(
     a_t = load_head_tile(A_qk, bos, length, h, c * BT, 0, H, BT, BT, BT)
     du = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
     store_head_tile(dU, du, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
-    if DECOUPLED:
-        a_t = load_head_tile(A_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)
-        dx = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
-        store_head_tile(dX, dx, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
 
 
 @triton.jit
 def chunk_state_bwd_kernel(
-    q, k, w, G, W_s, A_qk, A_qw, do, dU, dX, dstates, d_initial, d_final, cu_seqlens, chunk_offsets, scale,
+    q, k, G, W_s, A_qk, do, dU, dstates, d_initial, d_final, cu_seqlens, chunk_offsets, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
-    USE_FINAL_GRAD: tl.constexpr, LOCAL_DONE: tl.constexpr, PREC: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, USE_FINAL_GRAD: tl.constexpr,
+    LOCAL_DONE: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Reverse over one sequence's chunks; stores dS' (the gradient of each chunk's end state) and dU.
-    Decoupled, also ``dX = A_qwᵀ dO + (W ⊙ Γ_C/Γ) dS'``, the gradient of the write values X = Diag(β) V.
-    ``LOCAL_DONE``: dU and dX already hold their chunk-local terms (``chunk_bwd_local_du_kernel``), so the
-    sequential loop only adds the state's part."""
+    ``LOCAL_DONE``: dU already holds its chunk-local term (``chunk_bwd_local_du_kernel``), so the sequential loop
+    only adds the state's part. A decoupled write key's value gradient, which feeds nothing back into dS, is formed
+    from the stored dS' by ``chunk_bwd_local_kernel``, off this sequential path."""
     vb, h, bos, length, first, sequence_state, state_offsets, state_mask = state_program(
         cu_seqlens, chunk_offsets, H, K, V, BK, BV
     )
@@ -104,17 +99,6 @@ def chunk_state_bwd_kernel(
             du = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
         du += tl.dot(k_t.to(dtype), dstate.to(dtype), input_precision=PREC)
         store_head_tile(dU, du, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
-        if DECOUPLED:
-            w_t = load_head_tile(w, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
-            if DECAY != DECAY_NONE:
-                w_t *= to_chunk_end
-            if LOCAL_DONE:
-                dx = load_head_tile(dX, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
-            else:
-                a_t = load_head_tile(A_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)
-                dx = tl.dot(tl.trans(a_t).to(dtype), do_t.to(dtype), input_precision=PREC)
-            dx += tl.dot(w_t.to(dtype), dstate.to(dtype), input_precision=PREC)
-            store_head_tile(dX, dx, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         update = tl.dot(tl.trans(q_t).to(dtype), do_t.to(dtype), input_precision=PREC)
         if ERASE:
             ws_t = load_head_tile(W_s, bos, length, h, c * BT, 0, H, K, BT, BK)
@@ -190,18 +174,20 @@ def chunk_bwd_main_kernel(
 
 @triton.jit
 def chunk_bwd_local_kernel(
-    k, v, beta, G, T, A_kk, A_kw, U, dU, dX, do, dW_s, dv, dbeta, dk_plus, dA_qk, dA_qw, dA_kk, dA_kw,
+    k, w, v, beta, G, T, A_kk, A_qw, A_kw, U, dU, dstates, do, dW_s, dv, dbeta, dk_plus, dA_qk, dA_qw, dA_kk, dA_kw,
     cu_seqlens, chunk_index, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
+    BK_ALL: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr,
+    DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """The gradients that stay inside one chunk, per chunk: dA_qk, dv and dβ (summing over V), and with erase
     those through ``W_s = T Diag(β) K̂`` and ``T = (I + Diag(β) A_kk)⁻¹``: dT, dk₊ (from K̂), dA_kk.
 
     Decoupled (``U_v = T P V``, ``P = −Diag(β) A_kw Diag(β)``, write values X = Diag(β) V): also
-    ``dA_qw = dO Xᵀ``, ``dP = (Tᵀ dU) Vᵀ``, ``dT += dU (P V)ᵀ``, ``dv = Diag(β) dX + Pᵀ Tᵀ dU``, and dA_kw. Over
-    the V blocks only ``M = Σ dU Vᵀ`` and ``(T P)ᵀ dU`` are formed; ``dP = Tᵀ M`` and ``dT += M Pᵀ`` follow once
-    after them (four products per V block instead of seven)."""
+    ``dX = A_qwᵀ dO + (W ⊙ Γ_C/Γ) dS'`` (dS' from ``dstates``), ``dA_qw = dO Xᵀ``, ``dP = (Tᵀ dU) Vᵀ``,
+    ``dT += dU (P V)ᵀ``, ``dv = Diag(β) dX + Pᵀ Tᵀ dU``, and dA_kw. Over the V blocks only ``M = Σ dU Vᵀ`` and
+    ``(T P)ᵀ dU`` are formed; ``dP = Tᵀ M`` and ``dT += M Pᵀ`` follow once after them (four products per V block
+    instead of seven, plus dX's two)."""
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     dtype = do.dtype.element_ty
@@ -219,6 +205,13 @@ def chunk_bwd_local_kernel(
         p_tile = -(b[:, None] * load_head_tile(A_kw, bos, length, h, c * BT, 0, H, BT, BT, BT)
                    * b[None, :])  # fmt: skip
         tp_tile = tl.dot(t_tile, p_tile, input_precision=PREC)  # T P: dv's decoupled term is (T P)ᵀ dU
+        a_qw_t = tl.trans(load_head_tile(A_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)).to(dtype)
+        w_end = load_head_tile(w, bos, length, h, c * BT, 0, H, K, BT, BK_ALL).to(tl.float32)  # W ⊙ Γ_C/Γ
+        if DECAY != DECAY_NONE:
+            g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK_ALL, DECAY)
+            w_end *= tl.exp(g_last[None, :] - g_t)
+        w_end = w_end.to(dtype)
+        dstate_base = dstates + (i * H + h).to(tl.int64) * K * V
     for vb in range(0, tl.cdiv(V, BV)):
         do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         du_t = load_head_tile(dU, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
@@ -232,7 +225,8 @@ def chunk_bwd_local_kernel(
         if DECOUPLED:
             d_aqw += tl.dot(do_t, tl.trans(bv_t.to(dtype)), input_precision=PREC)
             d_uv += tl.dot(du_t, tl.trans(v_t), input_precision=PREC)
-            d_x = load_head_tile(dX, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+            d_x = tl.dot(a_qw_t, do_t.to(dtype), input_precision=PREC)
+            d_x += tl.dot(w_end, load_tile(dstate_base, 0, vb * BV, K, V, V, BK_ALL, BV), input_precision=PREC)
             d_v = d_x * b[:, None] + tl.dot(tl.trans(tp_tile), du_t, input_precision=PREC)
             d_beta += tl.sum(v_t * d_x, axis=1)
         else:

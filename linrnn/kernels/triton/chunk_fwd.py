@@ -128,8 +128,9 @@ def chunk_intra_kernel(
         kw = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
             k_t = load_tile(k, c * BT, kb * BK, length, K, row_stride, BT, BK)
-            if DECAY == DECAY_NONE:
+            if DECAY == DECAY_NONE or DECOUPLED:
                 q_t = load_tile(q, c * BT, kb * BK, length, K, row_stride, BT, BK)
+            if DECAY == DECAY_NONE:
                 qk += tl.dot(q_t, tl.trans(k_t), input_precision=PREC)
             if ERASE:
                 kk += tl.dot(k_t, tl.trans(k_t), input_precision=PREC)
