@@ -171,7 +171,7 @@ def chunk_backward_op(
     write_keys: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     d_final = _present(d_final)
-    folded_q, folded_w = q, w
+    folded_q, folded_w, d_log_gamma = q, w, None
     if log_gamma is not None:
         folded_q, folded_w, gamma = fold(q, w, log_gamma, backend)
     if backend == "triton":
@@ -182,19 +182,15 @@ def chunk_backward_op(
         _, _, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                     output_final_state=False, cu_seqlens=cu_seqlens, fp32_accurate=fp32_accurate,
                                     need_output=False, kept=kept)  # fmt: skip
-        grads = chunk_backward(do, d_final, *args, saved, erase=erase, scale=scale, fp32_grads=log_gamma is not None)
+        fold_args = None if log_gamma is None else (gamma.contiguous(), (q.dtype, w.dtype))
+        *grads, d_log_gamma = chunk_backward(do, d_final, *args, saved, erase=erase, scale=scale, fold=fold_args)
         grads = [*grads[:-1], None if grads[-1] is None else grads[-1].to(initial_state.dtype)]
     else:
         if log_gamma is not None:  # the same operand values in the wider dtype: their gradients come out wide
             folded_q, folded_w = folded_q.to(gamma.dtype), folded_w.to(gamma.dtype)
         grads = _torch_backward(do, d_final, folded_q, k, folded_w, v, g, beta, initial_state, cu_seqlens, erase,
                                 scale, chunk_size)  # fmt: skip
-    d_log_gamma = None
-    if log_gamma is not None and backend == "triton":  # the same as below in one launch
-        from linrnn.kernels.triton.fused import fold_backward
-
-        dq, dw, d_log_gamma = fold_backward(folded_q, folded_w, gamma, grads[0], grads[2], (q.dtype, w.dtype))
-        grads = [dq, grads[1], dw, *grads[3:]]
+    if log_gamma is not None and backend == "triton":  # chunk_backward went back through the fold (as below)
         d_log_gamma = d_log_gamma.to(log_gamma.dtype)
     elif log_gamma is not None:  # back through the fold, in the wide dtype: d log Γ = Σ Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)
         d_folded_q, d_folded_w = grads[0].to(gamma.dtype), grads[2].to(gamma.dtype)

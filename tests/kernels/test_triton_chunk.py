@@ -193,6 +193,29 @@ def test_decoupled_backward_without_channel_decay(decay):
     assert_runs_match(results[1], results[0], 1e-5)
 
 
+def test_fold_with_per_head_decay():
+    """GammaNet's fold (``log_gamma``) is fused into the backward's last kernel for per-channel decay, the cell's
+    own; with per-head decay (only through ``library.chunk_recurrence``) it runs ``fused.fold_backward`` instead:
+    every gradient, d log Γ included, against the torch path in fp64."""
+    from linrnn.kernels import library
+
+    inputs = make_inputs("gammanet", B=2, T=70, H=2, K=12, V=10, initial_state=True, seed=4)
+    inputs["g"] = make_inputs("gated_deltanet", B=2, T=70, H=2, K=12, V=10, seed=4)["g"]
+    names = ("q", "k", "v", "a", "g", "beta", "log_gamma", "initial_state")
+    results = []
+    for backend, dtype in (("torch", torch.float64), ("triton", torch.float32)):
+        x = {n: inputs[n].detach().to(DEVICE, dtype).requires_grad_() for n in names}
+        o, final = library.chunk_recurrence(x["q"], x["k"], x["v"], x["a"], x["g"], x["beta"], scale=12**-0.5,
+                                            initial_state=x["initial_state"], output_final_state=True,
+                                            backend=backend, log_gamma=x["log_gamma"])  # fmt: skip
+        gen = torch.Generator().manual_seed(0)
+        loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
+        loss += (final.double() * torch.randn(final.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
+        loss.backward()
+        results.append((o.detach().cpu(), final.detach().cpu(), {n: t.grad.cpu() for n, t in x.items()}))
+    assert_runs_match(results[1], results[0], 1e-5)
+
+
 @pytest.mark.parametrize("decay", ["none", "head"])
 def test_no_erase_without_channel_decay(decay):
     """No erase and no per-channel decay (linear attention, RetNet-like): no ``intra`` launch, A_qk from the output

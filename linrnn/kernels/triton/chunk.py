@@ -268,9 +268,11 @@ def _state_block_v(layout: _Layout) -> int:
     return block_v
 
 
-def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, erase, scale, fp32_grads=False):
-    """Backward launches (arguments as ``chunk_forward``). Returns ``(dq, dk, dw, dv, dg, dbeta, d_initial)``;
-    ``fp32_grads``: dq and dw (the inputs GammaNet's fold scales) in fp32 whatever the inputs' dtype."""
+def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, erase, scale, fold=None):
+    """Backward launches (arguments as ``chunk_forward``). Returns ``(dq, dk, dw, dv, dg, dbeta, d_initial,
+    d_log_gamma)``. ``fold``: ``(Γ [H, K] fp32, (q's dtype, w's dtype))`` when q and w are GammaNet's folded
+    ``Γq``, ``Γ⁻¹w``: then dq and dw are those of the unfolded inputs, in those dtypes, and ``d_log_gamma`` ``[H, K]``
+    fp32 (``fused.fold_backward``'s results, fused into the last kernel with per-channel decay); else None."""
     layout: _Layout = saved["layout"]
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
@@ -306,7 +308,9 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     )  # fmt: skip
 
     if erase and not decoupled and decay != DECAY_CHANNEL.value and K <= FUSED_MAX_K:
-        dq = new_output(q.shape, torch.float32 if fp32_grads else q.dtype, device)
+        if fold is not None:
+            raise ValueError("chunk_backward: the fold needs a decoupled write key")
+        dq = new_output(q.shape, q.dtype, device)
         dk, dv = (new_output(x.shape, x.dtype, device) for x in (k, v))
         dg = new_output(g.shape, g.dtype, device) if g is not None else None
         dbeta = new_output(beta.shape, beta.dtype, device) if has_beta else None
@@ -315,7 +319,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
             **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, FUSED_MAX_K), BV=_block(V, FUSED_BLOCK_V),
             DECAY=decay, HAS_BETA=has_beta, PREC=precision, num_warps=layout.warps("fused"), num_stages=layout.stages,
         )  # fmt: skip
-        return dq, dk, None, dv, dg, dbeta, d_initial
+        return dq, dk, None, dv, dg, dbeta, d_initial, None
 
     dq_part, dk_minus = buffers(2, TT, H, K)
     (dW_s,) = buffers(1, TT, H, K, when=erase)
@@ -343,18 +347,35 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     )  # fmt: skip
     del dU, dW_s, dstates
 
-    dq = new_output(q.shape, torch.float32 if fp32_grads else q.dtype, device)
-    dk = new_output(k.shape, k.dtype, device)
-    dw = new_output(w.shape, torch.float32 if fp32_grads else w.dtype, device) if decoupled else None
-    dG = torch.empty(g.shape, **f32) if g is not None else None
     per_channel = decay == DECAY_CHANNEL.value
+    fused_fold = fold is not None and per_channel and decoupled
+    if fold is not None and not decoupled:
+        raise ValueError("chunk_backward: the fold needs a decoupled write key")
+    if fused_fold:
+        dq_dtype, dw_dtype = fold[1]
+    elif fold is not None:  # the folded inputs' gradients in fp32, for fused.fold_backward
+        dq_dtype = dw_dtype = torch.float32
+    else:
+        dq_dtype, dw_dtype = q.dtype, w.dtype if decoupled else None
+    dq = new_output(q.shape, dq_dtype, device)
+    dk = new_output(k.shape, k.dtype, device)
+    dw = new_output(w.shape, dw_dtype, device) if decoupled else None
+    dG = torch.empty(g.shape, **f32) if g is not None else None
     grid = (NT, H, (CHUNK // SUB_CHUNK) * triton.cdiv(K, block_k) if per_channel else 1)
+    d_log_gamma_partial = torch.zeros(NT * (CHUNK // SUB_CHUNK), H, K, **f32) if fused_fold else None
     chunk_bwd_intra_kernel[grid](
-        q, k, w, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dG, **common,
-        H=H, K=K, BT=CHUNK, BC=SUB_CHUNK, BK=block_k, DECAY=decay, ERASE=erase, DECOUPLED=decoupled,
-        PREC=precision, num_warps=layout.warps("bwd_intra_channel" if per_channel else "bwd_intra"),
-        num_stages=layout.stages,
+        q, k, w, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dG,
+        fold[0] if fused_fold else None, d_log_gamma_partial, **common, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
+        BK=block_k, DECAY=decay, ERASE=erase, DECOUPLED=decoupled, FOLD=fused_fold, PREC=precision,
+        num_warps=layout.warps("bwd_intra_channel" if per_channel else "bwd_intra"), num_stages=layout.stages,
     )  # fmt: skip
+    d_log_gamma = None
+    if fused_fold:
+        d_log_gamma = d_log_gamma_partial.sum(0)
+    elif fold is not None:
+        from linrnn.kernels.triton.fused import fold_backward
+
+        dq, dw, d_log_gamma = fold_backward(q, w, fold[0], dq, dw, fold[1])
 
     dg = None
     if g is not None:
@@ -367,4 +388,4 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         )  # fmt: skip
     if dbeta is not None:
         dbeta = dbeta.to(beta.dtype).view(beta.shape)
-    return dq, dk, dw, dv, dg, dbeta, d_initial
+    return dq, dk, dw, dv, dg, dbeta, d_initial, d_log_gamma

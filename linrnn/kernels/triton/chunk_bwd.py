@@ -364,14 +364,20 @@ def chunk_bwd_fused_kernel(
 
 @triton.jit
 def chunk_bwd_intra_kernel(
-    q, k, w, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dG,
-    cu_seqlens, chunk_index,
+    q, k, w, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dG, gamma,
+    d_log_gamma_partial, cu_seqlens, chunk_index,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, FOLD: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Gradients through ``A_qk`` (``dA_qk`` comes with the scale applied) and ``A_kk``, added to the parts from
     the other kernels: dq, dk (inputs' dtypes) and dG (fp32; per head ``[TT, H]``, per channel ``[TT, H, K]``).
-    Decoupled, also through ``A_qw`` and ``A_kw`` (w in the columns): dw, every use of w being a column one."""
+    Decoupled, also through ``A_qw`` and ``A_kw`` (w in the columns): dw, every use of w being a column one.
+
+    ``FOLD`` (GammaNet, per-channel decay only: q and w are the folded ``Γq``, ``Γ⁻¹w``): dq and dw back through
+    the fold, ``Γ d(Γq)`` and ``Γ⁻¹ d(Γ⁻¹w)`` from the fp32 sums, and each program's part of
+    ``d log Γ = Σ_t Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)`` (with the operands as read) in ``d_log_gamma_partial``
+    ``[NT · BT/BC, H, K]``."""
+    tl.static_assert(not FOLD or DECAY == DECAY_CHANNEL, "the fold is fused for per-channel decay only")
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     if DECAY != DECAY_CHANNEL:
@@ -542,11 +548,19 @@ def chunk_bwd_intra_kernel(
         d_km += load_head_tile(dk_minus, bos, length, h, row_s, col, H, K, BC, BK)
         if ERASE:
             d_kp += load_head_tile(dk_plus, bos, length, h, row_s, col, H, K, BC, BK)
-        store_head_tile(dq, d_q.to(dq.dtype.element_ty), bos, length, h, row_s, col, H, K, BC, BK)
         store_head_tile(dk, (d_kp + d_km).to(dk.dtype.element_ty), bos, length, h, row_s, col, H, K, BC, BK)
         d_g = q_s * d_q + k_s * (d_kp - d_km)
         if DECOUPLED:
             d_wm += load_head_tile(dw_minus, bos, length, h, row_s, col, H, K, BC, BK)
-            store_head_tile(dw, d_wm.to(dw.dtype.element_ty), bos, length, h, row_s, col, H, K, BC, BK)
             d_g -= w_s * d_wm
+        if FOLD:
+            tl.static_assert(DECOUPLED, "the fold needs the decoupled write key")
+            partial = tl.sum(q_s * d_q - w_s * d_wm, axis=0)  # rows past the sequence are 0
+            tl.store(d_log_gamma_partial + ((i * NC + s) * H + h).to(tl.int64) * K + k_idx, partial, mask=k_mask)
+            g_col = tl.load(gamma + h * K + k_idx, mask=k_mask, other=1.0)[None, :]
+            d_q *= g_col
+            d_wm = tl.div_rn(d_wm, g_col)  # the IEEE division (plain / is the approximate one on the GPU)
+        store_head_tile(dq, d_q.to(dq.dtype.element_ty), bos, length, h, row_s, col, H, K, BC, BK)
+        if DECOUPLED:
+            store_head_tile(dw, d_wm.to(dw.dtype.element_ty), bos, length, h, row_s, col, H, K, BC, BK)
         store_head_tile(dG, d_g, bos, length, h, row_s, col, H, K, BC, BK)
