@@ -23,7 +23,8 @@ with erase, the scaled erase keys ``W_s`` ``[B·T, H, K]``, and the backward rer
 backward reruns the chunked forward under ``torch.func.vjp``.
 
 GammaNet (``log_gamma``): the ops run the kernels on ``Γq`` and ``Γ⁻¹w`` in the inputs' dtype (bf16 under autocast)
-and the backward asks the kernels for the gradients of those two in fp32. ``d log Γ = Σ Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)``
+and the backward goes back through the fold from the kernels' fp32 gradients of those two (inside the last
+backward kernel on the Triton path with per-channel decay). ``d log Γ = Σ Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)``
 is a difference of nearly cancelling sums (without the erase it is exactly zero: Γ would cancel between query and
 key), so it is formed from unrounded gradients times the rounded operands the kernels used: the symmetry behind the
 cancellation holds at that rounded point, and unrounded operands beside gradients taken there double the error
