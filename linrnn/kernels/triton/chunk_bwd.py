@@ -207,9 +207,9 @@ def chunk_bwd_local_kernel(
         tp_tile = tl.dot(t_tile, p_tile, input_precision=PREC)  # T P: dv's decoupled term is (T P)ᵀ dU
         a_qw_t = tl.trans(load_head_tile(A_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)).to(dtype)
         w_end = load_head_tile(w, bos, length, h, c * BT, 0, H, K, BT, BK_ALL).to(tl.float32)  # W ⊙ Γ_C/Γ
-        if DECAY != DECAY_NONE:
-            g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK_ALL, DECAY)
-            w_end *= tl.exp(g_last[None, :] - g_t)
+        if DECAY != DECAY_NONE:  # names of their own: g_t is a [BT, BK] loop variable below
+            g_all, g_end = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK_ALL, DECAY)
+            w_end *= tl.exp(g_end[None, :] - g_all)
         w_end = w_end.to(dtype)
         dstate_base = dstates + (i * H + h).to(tl.int64) * K * V
     for vb in range(0, tl.cdiv(V, BV)):
