@@ -64,7 +64,7 @@ FUSED_MAX_K = 128
 FUSED_BLOCK_V = 32
 # key and value columns per step of the solve kernel's W_s and U_v products (in one warp: registers)
 SOLVE_WU_BLOCK = 32
-# the backward state pass's chunk-local terms (A_qkᵀ dO, A_qwᵀ dO) from a parallel kernel first, so the sequential
+# the backward state pass's chunk-local term (A_qkᵀ dO) from a parallel kernel first, so the sequential
 # loop does one product fewer per chunk: True, False, or None (by length: when the sequences average at least
 # LOCAL_FIRST_MIN_CHUNKS chunks). At the 340M shapes (H = 6, K = 128, V = 256, H200) it took 4.9% off GDN's and
 # KDA's and 1.9% off GammaNet's chunk fwd+bwd at 1×16384 (256 chunks), and added 1.4-3.5% at 4×4096 (64 chunks)
