@@ -15,16 +15,10 @@
 set -uo pipefail
 step="${1:-all}"
 [ $# -gt 0 ] && shift
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${SITE:=/tmp/site}" .whl/*.whl || exit 1
-export PYTHONPATH="$SITE:$PWD" FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1 TRITON_STORE_BINARY_ONLY=1
-out="${OUT:-/tmp}"
 deadline=$((SECONDS + ${CHUNK_BUDGET_S:-540}))
-mkdir -p "$TRITON_CACHE_DIR"
-if [ -f .triton_cache.tgz ]; then tar xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"; fi
+source scripts/device_env.sh  # wheels, PYTHONPATH, Triton cache, $out
 tuned=$(find "$TRITON_CACHE_DIR" -name '*.autotune.json' | wc -l)
 echo "triton cache: $tuned autotune results, $(du -sh "$TRITON_CACHE_DIR" | cut -f1)"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__)"
 
 status=0

@@ -7,13 +7,7 @@
 # GENERATE_BENCH_MARGIN seconds (default 120). Writes $OUT/generate.json, $OUT/generate.log and
 # $OUT/triton_cache.tgz.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${SITE:=/tmp/site}" .whl/*.whl || exit 1
-out="${OUT:-/tmp}"
-export PYTHONPATH="$SITE:$PWD" FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1 TRITON_STORE_BINARY_ONLY=1
-mkdir -p "$TRITON_CACHE_DIR"
-if [ -f .triton_cache.tgz ]; then tar xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"; fi
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+source scripts/device_env.sh  # wheels, PYTHONPATH, Triton cache, $out
 seconds="${GENERATE_BENCH_SECONDS:-540}"
 export GENERATE_BENCH_DEADLINE=$(($(date +%s) + seconds - ${GENERATE_BENCH_MARGIN:-120}))  # no test starts later
 timeout -k 20 "$seconds" python3 -m pytest -q -p no:cacheprovider benchmarks/test_generate_gpu.py \

@@ -7,14 +7,8 @@
 # (default 540) bounds the run, and no test starts in its last MODEL_BENCH_MARGIN seconds (default 150); writes $OUT/model.json,
 # $OUT/model.log, $OUT/profile_*.txt (linrnn models) and $OUT/triton_cache.tgz.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${SITE:=/tmp/site}" .whl/*.whl || exit 1
-out="${OUT:-/tmp}"
-export PYTHONPATH="$SITE:$PWD" FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1 TRITON_STORE_BINARY_ONLY=1
+source scripts/device_env.sh  # wheels, PYTHONPATH, Triton cache, $out
 export MODEL_BENCH_PROFILE_DIR="$out"
-mkdir -p "$TRITON_CACHE_DIR"
-if [ -f .triton_cache.tgz ]; then tar xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"; fi
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 python3 -c "import fla, transformers; print('fla', fla.__version__, 'transformers', transformers.__version__)"
 seconds="${MODEL_BENCH_SECONDS:-540}"

@@ -9,13 +9,7 @@
 # which tests passed. Carry .whl (and .triton_cache.tgz when there is one).
 # Writes $OUT/<group>.log, $OUT/check.log and $OUT/triton_cache.tgz.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${SITE:=/tmp/site}" .whl/*.whl || exit 1
-out="${OUT:-/tmp}"
-export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR="$PWD/.triton_cache" TRITON_CACHE_AUTOTUNING=1 TRITON_STORE_BINARY_ONLY=1
-mkdir -p "$TRITON_CACHE_DIR"
-if [ -f .triton_cache.tgz ]; then tar xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"; fi
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+source scripts/device_env.sh  # wheels, PYTHONPATH, Triton cache, $out
 seconds="${VERIFY_SECONDS:-480}"
 if [ -n "${VERIFY_CHUNK_CHECK:-}" ]; then  # e.g. VERIFY_CHUNK_CHECK="--cells gammanet --dtypes bf16"
   # shellcheck disable=SC2086

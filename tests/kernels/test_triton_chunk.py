@@ -170,6 +170,21 @@ def test_decoupled_without_beta_matches_torch():
     assert_close(actual[1].cpu(), expected[1].cpu(), 1e-5, "final state")
 
 
+def assert_triton_matches_fp64(inputs, run, reference_backend="reference"):
+    """``run(leaves, backend) -> (o, final_state)`` on fp64 leaves with ``reference_backend`` and on fp32 leaves with
+    the Triton kernels: outputs, final state and every gradient (loss ``<o, dO> + <S_T, dS>``) within 1e-5."""
+    results = []
+    for backend, dtype in ((reference_backend, torch.float64), ("triton", torch.float32)):
+        leaves = {n: x.detach().to(DEVICE, dtype).requires_grad_() for n, x in inputs.items()}
+        o, final = run(leaves, backend)
+        gen = torch.Generator().manual_seed(0)
+        loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
+        loss += (final.double() * torch.randn(final.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
+        loss.backward()
+        results.append((o.detach().cpu(), final.detach().cpu(), {n: x.grad.cpu() for n, x in leaves.items()}))
+    assert_runs_match(results[1], results[0], 1e-5)
+
+
 @pytest.mark.parametrize("decay", ["none", "head"])
 def test_decoupled_backward_without_channel_decay(decay):
     """A decoupled erase direction (``e`` ≠ k) with no or per-head decay, which no cell uses: outputs, final state
@@ -181,16 +196,8 @@ def test_decoupled_backward_without_channel_decay(decay):
     if decay == "head":
         args["g"] = inputs["g"]
     cu_seqlens = torch.tensor([0, 9, 77], device=DEVICE)
-    results = []
-    for backend, dtype in (("reference", torch.float64), ("triton", torch.float32)):
-        leaves = {n: x.detach().to(DEVICE, dtype).requires_grad_() for n, x in args.items()}
-        o, final = ops.recurrence(**leaves, output_final_state=True, cu_seqlens=cu_seqlens, backend=backend)
-        gen = torch.Generator().manual_seed(0)
-        loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
-        loss += (final.double() * torch.randn(final.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
-        loss.backward()
-        results.append((o.detach().cpu(), final.detach().cpu(), {n: x.grad.cpu() for n, x in leaves.items()}))
-    assert_runs_match(results[1], results[0], 1e-5)
+    assert_triton_matches_fp64(args, lambda x, backend: ops.recurrence(
+        **x, output_final_state=True, cu_seqlens=cu_seqlens, backend=backend))  # fmt: skip
 
 
 def test_fold_with_per_head_decay():
@@ -202,18 +209,13 @@ def test_fold_with_per_head_decay():
     inputs = make_inputs("gammanet", B=2, T=70, H=2, K=12, V=10, initial_state=True, seed=4)
     inputs["g"] = make_inputs("gated_deltanet", B=2, T=70, H=2, K=12, V=10, seed=4)["g"]
     names = ("q", "k", "v", "a", "g", "beta", "log_gamma", "initial_state")
-    results = []
-    for backend, dtype in (("torch", torch.float64), ("triton", torch.float32)):
-        x = {n: inputs[n].detach().to(DEVICE, dtype).requires_grad_() for n in names}
-        o, final = library.chunk_recurrence(x["q"], x["k"], x["v"], x["a"], x["g"], x["beta"], scale=12**-0.5,
-                                            initial_state=x["initial_state"], output_final_state=True,
-                                            backend=backend, log_gamma=x["log_gamma"])  # fmt: skip
-        gen = torch.Generator().manual_seed(0)
-        loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
-        loss += (final.double() * torch.randn(final.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
-        loss.backward()
-        results.append((o.detach().cpu(), final.detach().cpu(), {n: t.grad.cpu() for n, t in x.items()}))
-    assert_runs_match(results[1], results[0], 1e-5)
+
+    def run(x, backend):
+        return library.chunk_recurrence(x["q"], x["k"], x["v"], x["a"], x["g"], x["beta"], scale=12**-0.5,
+                                        initial_state=x["initial_state"], output_final_state=True, backend=backend,
+                                        log_gamma=x["log_gamma"])  # fmt: skip
+
+    assert_triton_matches_fp64({n: inputs[n] for n in names}, run, reference_backend="torch")
 
 
 @pytest.mark.parametrize("decay", ["none", "head"])
@@ -224,13 +226,5 @@ def test_no_erase_without_channel_decay(decay):
     args = {n: inputs[n] for n in ("q", "k", "v", "initial_state")}
     if decay == "head":
         args["g"] = inputs["g"]
-    results = []
-    for backend, dtype in (("reference", torch.float64), ("triton", torch.float32)):
-        leaves = {n: x.detach().to(DEVICE, dtype).requires_grad_() for n, x in args.items()}
-        o, final = ops.recurrence(**leaves, erase=False, output_final_state=True, backend=backend)
-        gen = torch.Generator().manual_seed(0)
-        loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
-        loss += (final.double() * torch.randn(final.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
-        loss.backward()
-        results.append((o.detach().cpu(), final.detach().cpu(), {n: x.grad.cpu() for n, x in leaves.items()}))
-    assert_runs_match(results[1], results[0], 1e-5)
+    assert_triton_matches_fp64(args, lambda x, backend: ops.recurrence(
+        **x, erase=False, output_final_state=True, backend=backend))  # fmt: skip
