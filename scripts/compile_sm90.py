@@ -11,7 +11,8 @@ ptxas). Run it with the Triton to check (the GPU machine has 3.6) and without ``
 
     PYTHONPATH=. .venv-triton-3.6.0/bin/python scripts/compile_sm90.py [--quick]
 
-Prints one line per compiled kernel configuration that failed, a count of those that compiled, and exits 1 on a
+A kernel that compiles but needs more shared memory than an sm_90 block has counts as failed (on the GPU it
+fails at load time). Prints one line per compiled kernel configuration that failed, a count of those that compiled, and exits 1 on a
 failure. Uses a fresh Triton cache (``TRITON_CACHE_DIR`` set to a temporary folder) unless ``--cache`` is given.
 """
 
@@ -37,6 +38,9 @@ from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+# the most shared memory one block of an H100 or H200 may use (227 KB): a kernel above it compiles, then fails at
+# load time on the GPU (OutOfResources)
+MAX_SHARED_BYTES = 232448
 TRITON = {"backend": "triton"}  # on CPU tensors "auto" would take the torch path
 
 
@@ -72,8 +76,13 @@ def compile_only(self, *args, grid, warmup, **kwargs):
     caller's other kernels are still reached."""
     name = self.fn.__name__
     try:
-        _launch(self, *args, grid=grid, warmup=True, **kwargs)
+        kernel = _launch(self, *args, grid=grid, warmup=True, **kwargs)
         compiled[name] += 1
+        shared = kernel.metadata.shared
+        if shared > MAX_SHARED_BYTES:
+            stages, warps = kwargs.get("num_stages"), kwargs.get("num_warps")
+            failures.setdefault(name, f"needs {shared} bytes of shared memory (num_stages={stages}, num_warps="
+                                      f"{warps}); sm_90 allows {MAX_SHARED_BYTES}")  # fmt: skip
     except Exception as error:  # noqa: BLE001 - any compiler error is the finding
         lines = [line for line in str(error).splitlines() if line.strip()]
         failures.setdefault(name, f"{type(error).__name__}: {' | '.join(lines[-3:])}"[:600])

@@ -71,6 +71,22 @@ def test_varlen(cell):
     compare(cell, inputs, 1e-5, cu_seqlens=cu_seqlens)
 
 
+def test_varlen_index_built_once_per_boundaries(monkeypatch):
+    """A model passes one step's packed documents to every layer's forward and backward: the chunk index is built
+    (on the host, then copied) once per distinct ``cu_seqlens``, not once per op call, and the results stay
+    correct when it comes from the cache."""
+    built = []
+    build = chunk._chunk_index
+    monkeypatch.setattr(chunk, "_chunk_index", lambda lengths, device: built.append(lengths) or build(lengths, device))
+    chunk._varlen_index.cache_clear()
+    lengths = [7, 64, 30]
+    inputs = make_inputs("gated_deltanet", B=1, T=sum(lengths), H=2, K=12, V=10, initial_state=True, num_states=3,
+                         seed=4)  # fmt: skip
+    for bounds in ([0, 7, 71, 101], [0, 7, 71, 101], [0, 70, 71, 101]):
+        compare("gated_deltanet", inputs, 1e-5, cu_seqlens=torch.tensor(bounds))
+    assert [x.tolist() for x in built] == [[7, 64, 30], [70, 1, 30]]
+
+
 @pytest.mark.parametrize(("cell", "varlen"), [("gla", False), ("gated_deltanet", True), ("gammanet", True)])
 def test_kept_states_equal_recomputed(cell, varlen, monkeypatch):
     """The backward from the forward's kept chunk states (``library.KEEP_STATES``, what autograd uses), with and

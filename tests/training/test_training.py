@@ -295,9 +295,10 @@ def test_parallelize_follows_the_reshard_after_forward_policy(policy, reshards):
         parallelism = types.SimpleNamespace(tensor_parallel_degree=1, pipeline_parallel_degree=1,
                                             context_parallel_degree=1, fsdp_reshard_after_forward=policy)  # fmt: skip
         training = types.SimpleNamespace(mixed_precision_param="bfloat16", mixed_precision_reduce="float32")
-        parallelize(model, parallel_dims=types.SimpleNamespace(get_mesh=lambda name: mesh), training=training,
-                    parallelism=parallelism, compile_config=types.SimpleNamespace(enable=False),
-                    ac_config=None, dump_folder="")  # fmt: skip
+        # a one-rank mesh standing in for two ranks' (one rank gets no FSDP: the next test)
+        dims = types.SimpleNamespace(get_mesh=lambda name: mesh, world_size=2)
+        parallelize(model, parallel_dims=dims, training=training, parallelism=parallelism,
+                    compile_config=types.SimpleNamespace(enable=False), ac_config=None, dump_folder="")  # fmt: skip
         for block in model.model.layers:
             assert isinstance(block, FSDPModule)
             group = block._get_fsdp_state()._fsdp_param_group
@@ -305,3 +306,31 @@ def test_parallelize_follows_the_reshard_after_forward_policy(policy, reshards):
     finally:
         if started:
             dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("param_dtype", ["bfloat16", "float32"])
+def test_one_rank_trains_without_fsdp_under_autocast(param_dtype):
+    """On one rank ``parallelize`` applies no FSDP; ``mixed_precision_param`` bf16 becomes autocast over the fp32
+    parameters (the mixer's projections run in bf16, the parameters and their gradients stay fp32), fp32 none."""
+    import types
+
+    from torch.distributed.fsdp import FSDPModule
+
+    from linrnn.training.model import TitanLanguageModel, parallelize
+
+    torch.manual_seed(0)
+    model = TitanLanguageModel(TitanLanguageModel.Config(overrides={"num_layers": 2}))
+    training = types.SimpleNamespace(mixed_precision_param=param_dtype, mixed_precision_reduce="float32")
+    parallelism = types.SimpleNamespace(tensor_parallel_degree=1, pipeline_parallel_degree=1,
+                                        context_parallel_degree=1, fsdp_reshard_after_forward="default")  # fmt: skip
+    dims = types.SimpleNamespace(world_size=1, get_mesh=lambda name: pytest.fail("no mesh on one rank"))
+    parallelize(model, parallel_dims=dims, training=training, parallelism=parallelism,
+                compile_config=types.SimpleNamespace(enable=False), ac_config=None, dump_folder="")  # fmt: skip
+    assert not any(isinstance(module, FSDPModule) for module in model.modules())
+    seen = []
+    model.model.layers[0].mixer.register_forward_hook(lambda module, args, out: seen.append(out[0].dtype))
+    tokens = torch.randint(0, 256, (2, 16))
+    loss = model(tokens, targets=tokens)
+    loss.backward()
+    assert seen == [getattr(torch, param_dtype)]
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())

@@ -75,6 +75,10 @@ STAGES_16BIT = [(2, 3), (1, 2)]
 # kernels that run faster with another depth for 16-bit inputs: the output kernel 210 -> 172 µs with 2 (GammaNet,
 # 4×4096, H = 6, K = 128, V = 256, H200), where the backward's main and local kernels lose 15% with 2
 KERNEL_STAGES_16BIT = dict(output=2)
+# kernels that hold more tiles with a decoupled write key, run one stage shallower then: the local backward kernel
+# (dX from the [BT, K] write keys and [K, BV] tiles of dS') needs 254 KB of shared memory at K = 128 with 3 stages
+# and 262 KB at K = 256 with 2; an sm_90 block has 227 KB
+SHALLOWER_DECOUPLED = {"local"}
 
 
 def _chunk_index(lengths: Tensor, device) -> tuple[int, int, Tensor, Tensor]:
@@ -87,6 +91,16 @@ def _chunk_index(lengths: Tensor, device) -> tuple[int, int, Tensor, Tensor]:
     within = torch.arange(num_chunks) - offsets[:-1].repeat_interleave(counts)
     index = torch.stack([sequence, within], dim=1).to(torch.int32)
     return lengths.numel(), num_chunks, to_device(index, device), to_device(offsets.to(torch.int32), device)
+
+
+@functools.lru_cache(maxsize=8)
+def _varlen_index(bounds: tuple[int, ...], device: torch.device) -> tuple[Tensor, int, int, Tensor, Tensor]:
+    """``cu_seqlens`` (int32), sequences, chunks, ``chunk_index`` and ``chunk_offsets`` on ``device`` for the
+    sequence boundaries ``bounds``, cached by value: a model's layers, forward and backward, pass one step's packed
+    documents to every op call, and the index is built on the host and copied once per step, not once per call."""
+    cu_seqlens = torch.tensor(bounds, dtype=torch.int64)
+    sequences, num_chunks, index, offsets = _chunk_index(cu_seqlens.diff(), device)
+    return to_device(cu_seqlens.to(torch.int32), device), sequences, num_chunks, index, offsets
 
 
 @functools.lru_cache(maxsize=64)
@@ -110,10 +124,11 @@ class _Layout:
         if cu_seqlens is None:  # no host work or device sync: the index only depends on the shape
             self.sequences, self.num_chunks = batch, batch * triton.cdiv(steps, CHUNK)
             self.cu_seqlens, self.chunk_index, self.chunk_offsets = _equal_lengths_index(batch, steps, q.device)
-        else:
-            lengths = cu_seqlens.diff().cpu()  # the grids need the number of chunks: a device sync unless on the CPU
-            self.cu_seqlens = to_device(cu_seqlens.to(torch.int32), q.device)
-            self.sequences, self.num_chunks, self.chunk_index, self.chunk_offsets = _chunk_index(lengths, q.device)
+        else:  # the grids need the number of chunks: a device sync unless cu_seqlens is on the CPU (as models pass it)
+            bounds = tuple(cu_seqlens.tolist())
+            self.cu_seqlens, self.sequences, self.num_chunks, self.chunk_index, self.chunk_offsets = _varlen_index(
+                bounds, q.device
+            )
         self.state_rows = state_rows(batch, steps, None if cu_seqlens is None else cu_seqlens.numel() - 1)
         decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
         self.decay = decay.value  # a plain int for the launches
@@ -141,8 +156,9 @@ class _Layout:
 
     def stages_of(self, kernel: str) -> int:
         """Software pipelining depth of a parallel kernel: ``KERNEL_STAGES_16BIT`` for 16-bit inputs, else the
-        common depth."""
-        return KERNEL_STAGES_16BIT.get(kernel, self.stages) if self.half else self.stages
+        common depth; one less for ``SHALLOWER_DECOUPLED`` with a decoupled write key (at least 1)."""
+        stages = KERNEL_STAGES_16BIT.get(kernel, self.stages) if self.half else self.stages
+        return max(1, stages - 1) if self.decoupled and kernel in SHALLOWER_DECOUPLED else stages
 
 
 def state_rows(batch: int, steps: int, sequences: int | None) -> int:
@@ -343,7 +359,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         k, w, v, beta, G, saved["T"], saved["A_kk"], saved["A_qw"], saved["A_kw"], saved["U"], dU, dstates, do, dW_s,
         dv, dbeta, dk_plus, dA_qk, dA_qw, dA_kk, dA_kw, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k,
         BV=_block(V, 64), BK_ALL=layout.block_k, DECAY=decay, ERASE=erase, HAS_BETA=has_beta, DECOUPLED=decoupled,
-        PREC=precision, num_warps=layout.warps("local"), num_stages=layout.stages,
+        PREC=precision, num_warps=layout.warps("local"), num_stages=layout.stages_of("local"),
     )  # fmt: skip
     del dU, dW_s, dstates
 
