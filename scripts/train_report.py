@@ -51,7 +51,7 @@ def main() -> None:
         median_mfu = statistics.median(mfu) if mfu else float("nan")
         print(
             f"| {name} | {train[-1]['step']} | {train[0]['loss']:.3f} → {train[-1]['loss']:.3f} | "
-            f"{validation[-1] if validation else float('nan'):.3f} | {tps:,.0f} | {median_mfu:.1f} |"
+            f"{f'{validation[-1]:.3f}' if validation else '—'} | {tps:,.0f} | {median_mfu:.1f} |"
             + (f" {median_mfu * six_n_ratio:.1f} |" if six_n_ratio else "")
         )
     names = list(summary)

@@ -81,6 +81,9 @@ class TitanLanguageModel(BaseModel):
         from torch.distributed.tensor import DTensor, distribute_tensor
 
         cfg = self.config
+        model = self.model
+        if model.config.tie_embeddings and model.lm_head.weight is not model.embed.weight:
+            model.lm_head.weight = model.embed.weight  # to_empty gave each module its own copy (FSDP keeps one)
         torch.manual_seed(cfg.seed)
         with torch.device("cpu"):
             source = LanguageModel(cfg.model_config())
