@@ -311,7 +311,8 @@ def test_parallelize_follows_the_reshard_after_forward_policy(policy, reshards):
 @pytest.mark.parametrize("param_dtype", ["bfloat16", "float32"])
 def test_one_rank_trains_without_fsdp_under_autocast(param_dtype):
     """On one rank ``parallelize`` applies no FSDP; ``mixed_precision_param`` bf16 becomes autocast over the fp32
-    parameters (the mixer's projections run in bf16, the parameters and their gradients stay fp32), fp32 none."""
+    parameters (the mixer's projections run in bf16, the parameters and their gradients stay fp32), fp32 none.
+    Built as torchtitan builds it (meta device, ``to_empty``, ``init_weights``): the tied readout stays tied."""
     import types
 
     from torch.distributed.fsdp import FSDPModule
@@ -319,7 +320,8 @@ def test_one_rank_trains_without_fsdp_under_autocast(param_dtype):
     from linrnn.training.model import TitanLanguageModel, parallelize
 
     torch.manual_seed(0)
-    model = TitanLanguageModel(TitanLanguageModel.Config(overrides={"num_layers": 2}))
+    with torch.device("meta"):
+        model = TitanLanguageModel(TitanLanguageModel.Config(overrides={"num_layers": 2, "tie_embeddings": True}))
     training = types.SimpleNamespace(mixed_precision_param=param_dtype, mixed_precision_reduce="float32")
     parallelism = types.SimpleNamespace(tensor_parallel_degree=1, pipeline_parallel_degree=1,
                                         context_parallel_degree=1, fsdp_reshard_after_forward="default")  # fmt: skip
@@ -327,6 +329,9 @@ def test_one_rank_trains_without_fsdp_under_autocast(param_dtype):
     parallelize(model, parallel_dims=dims, training=training, parallelism=parallelism,
                 compile_config=types.SimpleNamespace(enable=False), ac_config=None, dump_folder="")  # fmt: skip
     assert not any(isinstance(module, FSDPModule) for module in model.modules())
+    model.to_empty(device="cpu")
+    model.init_weights()
+    assert model.model.lm_head.weight is model.model.embed.weight
     seen = []
     model.model.layers[0].mixer.register_forward_hook(lambda module, args, out: seen.append(out[0].dtype))
     tokens = torch.randint(0, 256, (2, 16))
