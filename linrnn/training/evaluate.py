@@ -10,6 +10,7 @@ import math
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,9 @@ def load_trained(config, checkpoint_dir: str | Path) -> LanguageModel:
         readout_zero_init=spec.readout_zero_init,
     )
     state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
-    dcp.load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)
+    with warnings.catch_warnings():  # one process, no process group: what the reader warns it assumes
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(state, checkpoint_id=str(checkpoint_dir), no_dist=True)
     model.load_state_dict({name.removeprefix("model."): tensor for name, tensor in state.items()})
     return model.eval()
 

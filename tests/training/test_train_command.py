@@ -46,7 +46,8 @@ def finished_run(corpus, tmp_path_factory):
 
 
 def test_a_run_writes_its_manifest_model_tokenizer_and_curve(finished_run):
-    out, _ = finished_run
+    out, done = finished_run
+    assert "Warning" not in done.stdout + done.stderr  # e.g. the checkpoint reader's one-process notice
     manifest = json.loads((out / "linrnn-run.json").read_text())
     assert manifest["identity"]["config"] == "gdn_tiny_sp" and manifest["steps"] == 3
     assert set(manifest["result"]) == {"bpb", "token_unigram_bpb"}
