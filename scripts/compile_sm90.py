@@ -12,8 +12,9 @@ ptxas). Run it with the Triton to check (the GPU machine has 3.6) and without ``
     PYTHONPATH=. .venv-triton-3.6.0/bin/python scripts/compile_sm90.py [--quick]
 
 A kernel that compiles but needs more shared memory than an sm_90 block has counts as failed (on the GPU it
-fails at load time). Prints one line per compiled kernel configuration that failed, a count of those that compiled, and exits 1 on a
-failure. Uses a fresh Triton cache (``TRITON_CACHE_DIR`` set to a temporary folder) unless ``--cache`` is given.
+fails at load time). Prints one line per compiled kernel configuration that failed, a count of those that
+compiled, and exits 1 on a failure. Uses a fresh Triton cache (``TRITON_CACHE_DIR`` set to a temporary folder)
+unless ``--cache`` is given.
 """
 
 from __future__ import annotations

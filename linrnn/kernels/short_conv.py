@@ -89,8 +89,9 @@ def short_conv_backward_op(dy: Tensor, x: Tensor, weight: Tensor, history: Tenso
     if history is not None:  # only the first W − 1 outputs read the history: differentiate them in torch
         head = weight.shape[-1] - 1
 
-        def first_outputs(h):
-            return short_conv_torch(x[:, :head].float(), weight.float(), h.float(), None)
+        def first_outputs(h):  # with offset the history is not read: its gradient is 0
+            head_offset = None if offset is None else offset[:head]
+            return short_conv_torch(x[:, :head].float(), weight.float(), h.float(), head_offset)
 
         _, vjp = torch.func.vjp(first_outputs, history)
         (d_history,) = vjp(dy[:, :head].float())

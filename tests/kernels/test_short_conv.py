@@ -93,6 +93,17 @@ def test_packed_documents_restart(backend):
 
 @pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_packed_documents_do_not_read_the_history(backend):
+    """With ``offset`` every document starts from zeros, the first one too: a history passed beside it is not read."""
+    torch.manual_seed(6)
+    lengths = [2, 40]
+    offset = torch.cat([torch.arange(n) for n in lengths]).to(DEVICE)
+    x, weight, history = leaf(1, sum(lengths), 33), leaf(33, 1, 4), leaf(1, 33, 3)
+    check_against_loop(backend, x, weight, history, offset=offset)
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_column_slice_of_a_wider_matrix(backend):
     """The mixers convolve slices of one projection GEMM's output: a row stride wider than the channels."""
     torch.manual_seed(4)

@@ -166,8 +166,9 @@ def short_conv_forward(x: Tensor, weight: Tensor, history: Tensor | None, offset
     batch, steps, channels = x.shape
     y = new_output((batch, steps, channels), x.dtype, x.device)
     grid = _launch_shape(x)
+    reads_history = history is not None and offset is None  # packed documents all start from zeros
     _short_conv_fwd_kernel[grid](x, weight, history, offset, y, steps, channels, x.stride(0), x.stride(1),
-                                 W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C, HAS_HISTORY=history is not None,
+                                 W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C, HAS_HISTORY=reads_history,
                                  IS_VARLEN=offset is not None)  # fmt: skip
     return y
 
@@ -180,7 +181,8 @@ def short_conv_backward(dy: Tensor, x: Tensor, weight: Tensor, history: Tensor |
     grid = _launch_shape(x)
     dx = new_output((batch, steps, channels), x.dtype, x.device)
     dw_partial = new_output((batch * grid[0], channels, weight.shape[1]), torch.float32, x.device)
+    reads_history = history is not None and offset is None  # packed documents all start from zeros
     _short_conv_bwd_kernel[grid](x, weight, history, offset, dy, dx, dw_partial, steps, channels, x.stride(0),
-                                 x.stride(1), W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C,
-                                 HAS_HISTORY=history is not None, IS_VARLEN=offset is not None)  # fmt: skip
+                                 x.stride(1), W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C, HAS_HISTORY=reads_history,
+                                 IS_VARLEN=offset is not None)  # fmt: skip
     return dx, dw_partial.sum(0)
