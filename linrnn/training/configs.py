@@ -5,7 +5,8 @@
 (``linrnn.training.data``, prepared on first use) in packed windows that do not depend on the number of ranks
 (``linrnn.training.loader``), with AdamW, a warmup and cosine decay, FSDP over two or more ranks (autocast on
 one), checkpoints that resume, and validation in bits per byte on the whole held-out set. CLI flags override
-any field torchtitan exposes (``--training.*``, ``--optimizer.lr``, ``--dataloader.dataset files --dataloader.dataset_path DIR``, ...).
+any field torchtitan exposes (``--training.*``, ``--optimizer.lr``, ``--dataloader.dataset files
+--dataloader.dataset_path DIR``, ...).
 
 | size | model | tokenizer | seq_len × batch / rank | base width (muP) | AdamW lr |
 |---|---|---|---|---|---|
