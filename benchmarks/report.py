@@ -13,7 +13,7 @@ def main(path: str) -> None:
     runs = json.load(open(path))
     medians = defaultdict(dict)  # (cell, batch) -> {impl: seconds}
     prefill = defaultdict(dict)  # (cell, steps) -> {impl: seconds}
-    chunk, model, generate, pairs = [], [], [], []
+    chunk, model, generate, pairs, short_conv = [], [], [], [], []
     for bench in runs["benchmarks"]:
         info = bench["extra_info"]
         if info.get("kind") == "model":
@@ -24,6 +24,8 @@ def main(path: str) -> None:
             generate.append(info)
         elif info.get("kind") == "chunk":
             chunk.append(dict(info, median=bench["stats"]["median"]))
+        elif info.get("kind") == "short_conv":
+            short_conv.append(dict(info, median=bench["stats"]["median"]))
         elif info.get("kind") == "prefill":
             prefill[(info["cell"], info["steps"])][info["impl"]] = bench["stats"]["median"]
         else:
@@ -39,6 +41,8 @@ def main(path: str) -> None:
         pair_table(pairs)
     if generate:
         generate_table(generate)
+    if short_conv:
+        short_conv_table(short_conv)
     if not medians:
         return
     print("| cell | batch | linrnn (µs) | linrnn torch path (µs) | FLA (µs) | linrnn / FLA | linrnn tokens/s |")
@@ -145,6 +149,22 @@ def generate_table(rows: list[dict]) -> None:
             versus_llama = _ratio(row["decode_tokens_per_s"], llama)
             print(f"| {batch}×{prompt} | {name} | {row['ms_per_step']:.2f} | {row['decode_tokens_per_s']:,.0f} | "
                   f"{versus_llama} | {row['prefill_s']:.2f} | {memory} | {peak} |")  # fmt: skip
+
+
+def short_conv_table(rows: list[dict]) -> None:
+    """benchmarks/test_short_conv_gpu.py: linrnn vs FLA per shape, layout (rows or packed documents) and mode."""
+    runs = {(r["batch"], r["steps"], r["packed"], r["mode"], r["impl"]): r for r in rows}
+    some = rows[0]
+    print(f"\nShort convolution + SiLU, C = {some['channels']}, W = {some['width']}, bf16")
+    print("| B×T | layout | mode | linrnn ms | FLA ms | linrnn/FLA | peak MiB linrnn | peak MiB FLA |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for batch, steps, packed, mode in dict.fromkeys(key[:4] for key in runs):
+        ours, fla = runs.get((batch, steps, packed, mode, "linrnn")), runs.get((batch, steps, packed, mode, "fla"))
+        ms = [f"{r['median'] * 1e3:.3f}" if r else "-" for r in (ours, fla)]
+        mib = [f"{r['peak_mib']:.0f}" if r else "-" for r in (ours, fla)]
+        ratio = f"{ours['median'] / fla['median']:.2f}" if ours and fla else "-"
+        layout = f"packed ({(ours or fla)['documents']} documents)" if packed else "rows"
+        print(f"| {batch}×{steps} | {layout} | {mode} | {ms[0]} | {ms[1]} | {ratio} | {mib[0]} | {mib[1]} |")
 
 
 def _ratio(value: float, peer: float | None) -> str:
