@@ -75,6 +75,18 @@ def test_resume_reproduces_the_uninterrupted_run(corpus, tmp_path):
     assert {s: resumed[s] for s in (4, 5, 6)} == {s: whole[s] for s in (4, 5, 6)}
 
 
+def test_a_one_process_checkpoint_resumes_on_two(corpus, tmp_path):
+    """One process trains without FSDP (plain tensors), two with it (sharded): a checkpoint from the first resumes
+    on the second, from its step and with its weights."""
+    common = ["--lr_scheduler.total_steps", "6", "--checkpoint.interval", "3", "--validator.no-enable"]
+    first = losses(train(tmp_path, "gdn_tiny_sp", "--training.steps", "3", *common, processes=1, run="split"))
+    both = losses(train(tmp_path, "gdn_tiny_sp", "--training.steps", "6", *common, processes=2, run="split"))
+    assert sorted(first) == [1, 2, 3] and sorted(both) == [1, 2, 3, 4, 5, 6]  # metrics.jsonl goes on
+    assert all(math.isfinite(both[step]) for step in (4, 5, 6))
+    log = (tmp_path / "split" / "torchtitan.log").read_text()
+    assert f"Loading the checkpoint from {tmp_path / 'split' / 'checkpoint' / 'step-3'}" in log
+
+
 def test_loss_falls_on_one_repeated_batch(corpus, tmp_path):
     """One document of exactly batch × seq_len inputs: every step sees the same batch, and 50 steps learn it."""
     from tokenizers import Tokenizer
