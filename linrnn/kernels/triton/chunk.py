@@ -294,6 +294,8 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     device, dtype = q.device, q.dtype
     common = dict(cu_seqlens=layout.cu_seqlens, chunk_index=layout.chunk_index)
     has_beta, decoupled, decay, precision = beta is not None, w is not None, layout.decay, layout.precision
+    if fold is not None and not decoupled:
+        raise ValueError("chunk_backward: the fold needs a decoupled write key")
     G, states = saved["G"], saved["states"]
     do = do.contiguous()
     f32 = dict(dtype=torch.float32, device=device)
@@ -324,8 +326,6 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     )  # fmt: skip
 
     if erase and not decoupled and decay != DECAY_CHANNEL.value and K <= FUSED_MAX_K:
-        if fold is not None:
-            raise ValueError("chunk_backward: the fold needs a decoupled write key")
         dq = new_output(q.shape, q.dtype, device)
         dk, dv = (new_output(x.shape, x.dtype, device) for x in (k, v))
         dg = new_output(g.shape, g.dtype, device) if g is not None else None
@@ -364,9 +364,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     del dU, dW_s, dstates
 
     per_channel = decay == DECAY_CHANNEL.value
-    fused_fold = fold is not None and per_channel and decoupled
-    if fold is not None and not decoupled:
-        raise ValueError("chunk_backward: the fold needs a decoupled write key")
+    fused_fold = fold is not None and per_channel
     if fused_fold:
         dq_dtype, dw_dtype = fold[1]
     elif fold is not None:  # the folded inputs' gradients in fp32, for fused.fold_backward
