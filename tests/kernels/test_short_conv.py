@@ -103,6 +103,27 @@ def test_packed_documents_do_not_read_the_history(backend):
 
 
 @pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+@pytest.mark.parametrize("layout", ["history", "packed"])
+def test_backward_programs_walk_several_blocks(monkeypatch, layout):
+    """A backward program walks BWD_SPAN rows of BWD_CHANNELS channels, one row at a time: spans of 48 rows over 150
+    (four programs a channel block, the last one short; documents crossing the spans' edges), 16 of 40 channels."""
+    from linrnn.kernels.triton import short_conv as kernels
+
+    monkeypatch.setattr(kernels, "BWD_SPAN", 48)
+    monkeypatch.setattr(kernels, "BWD_CHANNELS", 16)
+    torch.manual_seed(7)
+    steps = 150
+    x, weight = leaf(1 if layout == "packed" else 2, steps, 40), leaf(40, 1, 4)
+    if layout == "packed":
+        lengths = [30, 3, 40, 70, 7]
+        offset = torch.cat([torch.arange(n) for n in lengths]).to(DEVICE)
+        check_against_loop("triton", x, weight, offset=offset)
+    else:
+        check_against_loop("triton", x, weight, leaf(2, 40, 3))
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_column_slice_of_a_wider_matrix(backend):
     """The mixers convolve slices of one projection GEMM's output: a row stride wider than the channels."""

@@ -9,10 +9,12 @@ carried history ``[B, C, W − 1]`` (oldest first) if there is one, else 0; with
 each token's index within its document, B = 1) a tap reaching before the document start reads 0.
 
 The tensors stay in the projections' ``[B, T, C]`` layout (x may be a column slice of a wider matrix: any row
-stride, unit column stride), so no transposed copies are made. The backward is one launch that recomputes ``pre``
-from x rather than saving it: ``dpre = dy · SiLU'(pre)`` at the W row blocks shifted by 0 … W − 1 tokens (W times
-the arithmetic, no fp32 ``dpre`` in memory), ``dx[t] = Σ_lag w[W − 1 − lag] · dpre[t + lag]``, and ``dw`` as
-per-program partial sums ``[programs, C, W]`` that are then reduced.
+stride, unit column stride), so no transposed copies are made. The forward works on ``[BLOCK_T, BLOCK_C]`` tiles,
+one load of x per tap. The backward recomputes ``pre`` from x rather than saving it: a program walks ``BWD_SPAN``
+rows of ``BWD_CHANNELS`` channels one row at a time, with the last W − 1 rows of x and of ``dpre = dy · SiLU'(pre)``
+in registers, so every row is read once, ``dx[t] = Σ_lag w[W − 1 − lag] · dpre[t + lag]`` needs no fp32 ``dpre``
+in memory, and ``dw`` is summed per channel (per-program partial sums ``[programs, C, W]``, then reduced). (A tiled
+backward, W shifted tiles each recomputing ``pre``, issued ~6× the instructions at 12% occupancy: 3.7× the time.)
 The history's gradient (decoding only) is left to the caller.
 """
 
@@ -26,6 +28,7 @@ from torch import Tensor
 from linrnn.kernels.triton import new_output
 
 BLOCK_T, BLOCK_C = 32, 128
+BWD_SPAN, BWD_CHANNELS, BWD_WARPS = 128, 512, 4  # the backward's rows and channels per program
 
 
 @triton.jit
@@ -75,50 +78,80 @@ def _short_conv_fwd_kernel(x, weight, history, offset, y, T, C, stride_b, stride
 
 
 @triton.jit
-def _grad_pre(x, history, offset, weight, dy, b, t, c, T, C, stride_b, stride_t, W: tl.constexpr, BT: tl.constexpr,
-              BC: tl.constexpr, HAS_HISTORY: tl.constexpr, IS_VARLEN: tl.constexpr):  # fmt: skip
-    """``d_pre = dy · SiLU'(pre)`` ``[BT, BC]`` (fp32) at rows ``t`` (pre recomputed from x); 0 outside ``[0, T)``."""
-    pre = _conv_pre(x, history, offset, weight, b, t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY, IS_VARLEN)
-    rows_in = (t >= 0) & (t < T)
-    dense = (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * C + c[None, :]
-    grad_out = tl.load(dy + dense, mask=rows_in[:, None] & (c < C)[None, :], other=0).to(tl.float32)
-    gate = tl.sigmoid(pre)
-    return grad_out * gate * (1 + pre * (1 - gate))
-
-
-@triton.jit
 def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C, stride_b, stride_t,
-                           W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_HISTORY: tl.constexpr,
+                           W: tl.constexpr, BC: tl.constexpr, SPAN: tl.constexpr, HAS_HISTORY: tl.constexpr,
                            IS_VARLEN: tl.constexpr):  # fmt: skip
-    """``dx[t] = Σ_lag w[W − 1 − lag] · d_pre[t + lag]`` over the taps of token t + lag that reach back to t, with
-    ``d_pre`` recomputed at each of the W shifted row blocks (from x and dy, so no fp32 ``d_pre`` goes through
-    memory), and this program's share of ``dw`` from ``d_pre`` at its own rows."""
+    """Rows ``[first, last)`` of sequence b (``SPAN`` of them) and channels c, one row per step, with the last W − 1
+    rows of x and of ``d_pre`` carried in registers. At step t (from ``first − (W − 1)`` to ``last + W − 2``)::
+
+        pre[t] = Σ_j w[j] · x[t − (W − 1 − j)]        d_pre[t] = dy[t] · SiLU'(pre[t])
+        dw[j] += d_pre[t] · x[t − (W − 1 − j)]        (own rows t only)
+        dx[r] = Σ_lag w[W − 1 − lag] · d_pre[r + lag]  at r = t − (W − 1)
+
+    With packed documents a tap reaching back ``lag`` tokens counts only if its token's ``offset`` ≥ lag, in pre
+    and in dx alike. Every row of x and dy is read once (plus 2(W − 1) rows at the span's edges) and ``dw``'s sums
+    stay per channel: no reduction across rows."""
     block_t, block_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t = block_t * BT + tl.arange(0, BT)
     c = block_c * BC + tl.arange(0, BC)
-    t_in, c_in = t < T, c < C
-    grad_x = tl.zeros([BT, BC], dtype=tl.float32)
-    for lag in tl.static_range(W):
-        rows = t + lag
-        grad_pre = _grad_pre(x, history, offset, weight, dy, b, rows, c, T, C, stride_b, stride_t, W, BT, BC,
-                             HAS_HISTORY, IS_VARLEN)  # fmt: skip
-        if lag == 0:  # dw[c, j] = Σ_t d_pre[t, c] · x[t − (W − 1 − j), c], this program's rows
+    c_in = c < C
+    first = block_t * SPAN
+    last = tl.minimum(first + SPAN, T)
+    taps = ()
+    for j in tl.static_range(W):
+        taps = taps + (tl.load(weight + c * W + j, mask=c_in, other=0).to(tl.float32),)
+    zeros = tl.zeros([BC], dtype=tl.float32)
+    x_window, grad_window, positions, dw = (), (), (), ()  # rows t − (W − 1) … t − 1, oldest first
+    for j in tl.static_range(W - 1):
+        x_window, grad_window, positions = x_window + (zeros,), grad_window + (zeros,), positions + (first - W + 1 + j,)
+    for _ in tl.static_range(W):
+        dw = dw + (zeros,)
+    start = (first - (W - 1)).to(tl.int64)
+    x_row = x + b.to(tl.int64) * stride_b + start * stride_t + c  # pointers of row t, advanced each step
+    dy_row = dy + (b.to(tl.int64) * T + start) * C + c
+    dx_row = dx + (b.to(tl.int64) * T + start - (W - 1)) * C + c  # row t − (W − 1)
+    for t in range(first - (W - 1), last + (W - 1)):
+        row_in = (t >= 0) & (t < T)
+        x_t = tl.load(x_row, mask=c_in & row_in, other=0).to(tl.float32)
+        if HAS_HISTORY:  # rows before the sequence start: the history [B, C, W − 1]
+            spot = (b * C + c).to(tl.int64) * (W - 1) + (W - 1 + t)
+            x_t += tl.load(history + spot, mask=c_in & (t < 0) & (t >= 1 - W), other=0).to(tl.float32)
+        if IS_VARLEN:
+            position = tl.load(offset + t, mask=row_in, other=0).to(tl.int32)  # the carried positions are int32
+        else:
+            position = t
+        rows = x_window + (x_t,)  # x[t − (W − 1) + i]
+        pre = zeros
+        for j in tl.static_range(W):
             if IS_VARLEN:
-                position = tl.load(offset + t, mask=t_in, other=0)
+                pre += tl.where(W - 1 - j <= position, taps[j] * rows[j], 0.0)
             else:
-                position = t
-            partial = dw_partial + ((b * tl.num_programs(0) + block_t) * C + c).to(tl.int64) * W
-            for j in tl.static_range(W):
-                value = _tap_input(x, history, b, t, c, t_in, c_in, position, C, stride_b, stride_t, W - 1 - j, W,
-                                   HAS_HISTORY)  # fmt: skip
-                tl.store(partial + j, tl.sum(grad_pre * value, axis=0), mask=c_in)
-        elif IS_VARLEN:  # token t + lag's tap reaches back to t only inside its document
-            reaches = lag <= tl.load(offset + rows, mask=rows < T, other=0)
-            grad_pre = tl.where(reaches[:, None], grad_pre, 0.0)
-        tap = tl.load(weight + c * W + (W - 1 - lag), mask=c_in, other=0).to(tl.float32)
-        grad_x += grad_pre * tap[None, :]
-    spot = (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * C + c[None, :]
-    tl.store(dx + spot, grad_x.to(dx.dtype.element_ty), mask=t_in[:, None] & c_in[None, :])
+                pre += taps[j] * rows[j]
+        grad_out = tl.load(dy_row, mask=c_in & row_in, other=0).to(tl.float32)
+        gate = tl.sigmoid(pre)
+        grad_pre = grad_out * gate * (1 + pre * (1 - gate))
+        own = (t >= first) & (t < last)
+        sums = ()
+        for j in tl.static_range(W):
+            reaches = own & (W - 1 - j <= position) if IS_VARLEN else own
+            sums = sums + (dw[j] + tl.where(reaches, grad_pre * rows[j], 0.0),)
+        dw = sums
+        grads = grad_window + (grad_pre,)  # d_pre[r + lag], r = t − (W − 1)
+        places = positions + (position,)
+        grad_x = zeros
+        for lag in tl.static_range(W):
+            if IS_VARLEN:  # token r + lag's tap reaches back to r only inside its document
+                grad_x += tl.where(lag <= places[lag], taps[W - 1 - lag] * grads[lag], 0.0)
+            else:
+                grad_x += taps[W - 1 - lag] * grads[lag]
+        r = t - (W - 1)
+        tl.store(dx_row, grad_x.to(dx.dtype.element_ty), mask=c_in & (r >= first) & (r < last))
+        x_row, dy_row, dx_row = x_row + stride_t, dy_row + C, dx_row + C
+        x_window, grad_window, positions = (), (), ()  # shifted by one row
+        for i in tl.static_range(1, W):
+            x_window, grad_window, positions = x_window + (rows[i],), grad_window + (grads[i],), positions + (places[i],)  # fmt: skip  # noqa: E501
+    partial = dw_partial + ((b * tl.num_programs(0) + block_t) * C + c).to(tl.int64) * W
+    for j in tl.static_range(W):
+        tl.store(partial + j, dw[j], mask=c_in)
 
 
 @triton.jit
@@ -156,8 +189,8 @@ def short_conv_step(x: Tensor, weight: Tensor, history: Tensor) -> Tensor:
     return y
 
 
-def _launch_shape(x: Tensor) -> tuple[int, int, int]:
-    return triton.cdiv(x.shape[1], BLOCK_T), triton.cdiv(x.shape[2], BLOCK_C), x.shape[0]
+def _launch_shape(x: Tensor, rows: int = BLOCK_T, channels: int = BLOCK_C) -> tuple[int, int, int]:
+    return triton.cdiv(x.shape[1], rows), triton.cdiv(x.shape[2], channels), x.shape[0]
 
 
 def short_conv_forward(x: Tensor, weight: Tensor, history: Tensor | None, offset: Tensor | None) -> Tensor:
@@ -178,11 +211,12 @@ def short_conv_backward(dy: Tensor, x: Tensor, weight: Tensor, history: Tensor |
     """``dy`` ``[B, T, C]`` contiguous → (dx ``[B, T, C]`` in x's dtype, dw ``[C, W]`` fp32). The history's
     gradient is not formed here."""
     batch, steps, channels = x.shape
-    grid = _launch_shape(x)
+    grid = _launch_shape(x, BWD_SPAN, BWD_CHANNELS)
     dx = new_output((batch, steps, channels), x.dtype, x.device)
     dw_partial = new_output((batch * grid[0], channels, weight.shape[1]), torch.float32, x.device)
     reads_history = history is not None and offset is None  # packed documents all start from zeros
     _short_conv_bwd_kernel[grid](x, weight, history, offset, dy, dx, dw_partial, steps, channels, x.stride(0),
-                                 x.stride(1), W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C, HAS_HISTORY=reads_history,
+                                 x.stride(1), W=weight.shape[1], BC=BWD_CHANNELS, SPAN=BWD_SPAN,
+                                 num_warps=BWD_WARPS, HAS_HISTORY=reads_history,
                                  IS_VARLEN=offset is not None)  # fmt: skip
     return dx, dw_partial.sum(0)
