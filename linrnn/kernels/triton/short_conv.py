@@ -111,10 +111,12 @@ def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C,
     dx_row = dx + (b.to(tl.int64) * T + start - (W - 1)) * C + c  # row t − (W − 1)
     for t in range(first - (W - 1), last + (W - 1)):
         row_in = (t >= 0) & (t < T)
-        x_t = tl.load(x_row, mask=c_in & row_in, other=0).to(tl.float32)
+        columns_in = tl.where(row_in, c_in, False)  # not c_in & row_in: Triton 3.9's interpreter makes that int32
+        x_t = tl.load(x_row, mask=columns_in, other=0).to(tl.float32)
         if HAS_HISTORY:  # rows before the sequence start: the history [B, C, W − 1]
             spot = (b * C + c).to(tl.int64) * (W - 1) + (W - 1 + t)
-            x_t += tl.load(history + spot, mask=c_in & (t < 0) & (t >= 1 - W), other=0).to(tl.float32)
+            before = tl.where((t < 0) & (t >= 1 - W), c_in, False)
+            x_t += tl.load(history + spot, mask=before, other=0).to(tl.float32)
         if IS_VARLEN:
             position = tl.load(offset + t, mask=row_in, other=0).to(tl.int32)  # the carried positions are int32
         else:
@@ -126,7 +128,7 @@ def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C,
                 pre += tl.where(W - 1 - j <= position, taps[j] * rows[j], 0.0)
             else:
                 pre += taps[j] * rows[j]
-        grad_out = tl.load(dy_row, mask=c_in & row_in, other=0).to(tl.float32)
+        grad_out = tl.load(dy_row, mask=columns_in, other=0).to(tl.float32)
         gate = tl.sigmoid(pre)
         grad_pre = grad_out * gate * (1 + pre * (1 - gate))
         own = (t >= first) & (t < last)
@@ -144,7 +146,7 @@ def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C,
             else:
                 grad_x += taps[W - 1 - lag] * grads[lag]
         r = t - (W - 1)
-        tl.store(dx_row, grad_x.to(dx.dtype.element_ty), mask=c_in & (r >= first) & (r < last))
+        tl.store(dx_row, grad_x.to(dx.dtype.element_ty), mask=tl.where((r >= first) & (r < last), c_in, False))
         x_row, dy_row, dx_row = x_row + stride_t, dy_row + C, dx_row + C
         x_window, grad_window, positions = (), (), ()  # shifted by one row
         for i in tl.static_range(1, W):
