@@ -13,8 +13,7 @@ for setting in "$@"; do
 import sys
 sys.path.insert(0, "scripts")
 import time_short_conv as tsc
-tree, setting = sys.argv[1], tuple(int(v) for v in sys.argv[2].split(","))
-setting = setting if len(setting) == 4 else (*setting, setting[0])
+tree, setting = sys.argv[1], tsc.parse_setting(sys.argv[2])
 module = tsc.load_module(tree)
 x, weight, dy, offset = tsc.inputs(4, 4096, 1)
 for _ in range(2):

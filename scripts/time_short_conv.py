@@ -48,6 +48,12 @@ def inputs(batch: int, steps: int, documents: int):
     return x, weight, dy, offset
 
 
+def parse_setting(text: str) -> tuple[int, int, int, int]:
+    """``"BT,BC,WARPS[,SPAN]"`` → (BT, BC, WARPS, SPAN), SPAN = BT when left out."""
+    setting = tuple(int(value) for value in text.split(","))
+    return setting if len(setting) == 4 else (*setting, setting[0])
+
+
 def forward(module, setting, x, weight, offset):
     bt, bc, warps, _ = setting
     batch, steps, _ = x.shape
@@ -81,8 +87,7 @@ def main() -> int:
     parser.add_argument("--settings", nargs="+", default=["32,128,4"], help="BT,BC,WARPS[,SPAN] (the docstring)")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
-    settings = [tuple(int(v) for v in s.split(",")) for s in args.settings]
-    settings = [setting if len(setting) == 4 else (*setting, setting[0]) for setting in settings]
+    settings = [parse_setting(text) for text in args.settings]
     shapes = [("4x4096 rows", 4, 4096, 1), ("1x16384 rows", 1, 16384, 1), ("1x16384 packed(17)", 1, 16384, 17)]
     rows = []
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
