@@ -9,11 +9,13 @@ Public API::
     linrnn.generate(model, prompt_ids, max_new_tokens)
     linrnn.Engine(model, slots=8).generate(prompts, linrnn.Sampling(temperature=0))  # batched decoding
     linrnn.param_roles(model)                          # {parameter name: role}
+    linrnn.from_fla("fla-gdn-folder"), linrnn.to_fla(model, "folder")  # FLA Gated DeltaNet checkpoints
 """
 
 from linrnn.inference import Engine, Sampling
 from linrnn.kernels import ops
 from linrnn.models import ModelConfig, build_model, generate, list_presets
+from linrnn.models.fla_checkpoints import from_fla, to_fla
 from linrnn.recurrences import MixerState, build_mixer, get_cell, list_cells, param_roles
 
 __version__ = "0.1.0"
@@ -25,10 +27,12 @@ __all__ = [
     "ModelConfig",
     "build_mixer",
     "build_model",
+    "from_fla",
     "generate",
     "get_cell",
     "list_cells",
     "list_presets",
     "ops",
     "param_roles",
+    "to_fla",
 ]

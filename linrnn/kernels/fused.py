@@ -6,7 +6,8 @@ and the MLP's SwiGLU product.
 
 - ``gated_rms_norm(x, z, weight, eps)``: per head, ``RMSNorm(x) · weight · SiLU(z)`` over the last dim of
   ``[B, T, H, D]`` (fp32 arithmetic, x's dtype out).
-- ``l2_normalize(x, eps, dtype)``: ``x / max(‖x‖, eps)`` over the last dim (``F.normalize``), in ``dtype``.
+- ``l2_normalize(x, eps, dtype)``: ``x / sqrt(‖x‖² + eps)`` over the last dim, in ``dtype`` (FLA's in-kernel q, k
+  norm; smooth at 0, unlike ``F.normalize``'s ``x / max(‖x‖, eps)``).
 - ``swiglu(a, b)``: ``SiLU(a) · b``.
 - ``mamba_log_decay(pre, a_log, dt_bias)``: GDN's and KDA's log-decay gate (one Triton kernel when decoding), and
   ``mamba_gates`` with their write strength β from the same launch.
@@ -55,10 +56,11 @@ def gated_rms_norm_torch(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Te
 
 
 def l2_normalize(x: Tensor, eps: float, dtype: torch.dtype, backend: str = "auto") -> Tensor:
-    """``F.normalize(x, dim=-1, eps=eps)`` computed in at least fp32, returned in ``dtype``."""
+    """``x / sqrt(‖x‖² + eps)`` over the last dim, computed in at least fp32, returned in ``dtype``."""
     if use_triton(x, backend):
         return l2_normalize_op(x, eps, dtype)
-    return F.normalize(x.to(torch.promote_types(x.dtype, torch.float32)), dim=-1, eps=eps).to(dtype)
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (wide * torch.rsqrt(wide.square().sum(-1, keepdim=True) + eps)).to(dtype)
 
 
 def swiglu(a: Tensor, b: Tensor, backend: str = "auto") -> Tensor:

@@ -155,7 +155,7 @@ def test_rms_norm_output_in_the_autocast_dtype():
 
 
 def l2_formula(x, eps):
-    return x / x.norm(dim=-1, keepdim=True).clamp_min(eps)
+    return x / (x.square().sum(-1, keepdim=True) + eps).sqrt()
 
 
 @pytest.mark.usefixtures("poisoned_outputs")
@@ -164,7 +164,8 @@ def l2_formula(x, eps):
 def test_l2_normalize_matches_formula(backend, shape):
     torch.manual_seed(5)
     x = torch.randn(*shape, dtype=torch.float64)
-    x[0, 0, 0] = 1e-9  # a row below eps: the clamped norm, whose gradient is dy / eps
+    x[0, 0, 0] = 1e-9  # a row far below eps: y ≈ x / sqrt(eps)
+    x[0, 1, 0] *= 1e-3  # a row whose squared norm is near eps: where eps's place in the formula shows
     x = x.float().to(DEVICE).requires_grad_()
     check_against_formula(lambda x, eps: l2_normalize(x, eps, torch.float32, backend), l2_formula, (x, 1e-6),
                           atol=2e-6, dtype_out=torch.float32)  # fmt: skip

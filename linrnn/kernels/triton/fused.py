@@ -19,8 +19,8 @@ Rows are (token, head) pairs: row ``i`` of a tensor lives at ``(i // H) · token
 column slice of a wider matrix (the gate, out of the mixer's one projection GEMM) is read in place. Arithmetic is
 fp32; ``dw`` comes as per-program partial sums that the caller reduces.
 
-L2 norm per row: ``y = x / max(‖x‖, eps)``, ``dx = (dy − y · (y · dy)) / ‖x‖`` (``dy / eps`` where the norm is
-clamped), output in a chosen dtype.
+L2 norm per row: with ``r = (‖x‖² + eps)^(−1/2)``, ``y = x · r`` and ``dx = r · (dy − y · (y · dy))``, output in a
+chosen dtype.
 
 SwiGLU is ``y = SiLU(a) · b`` elementwise, with ``da = dy · b · SiLU'(a)`` and ``db = dy · SiLU(a)``.
 
@@ -172,8 +172,8 @@ def _l2_norm_fwd_kernel(x, y, n_rows, H, x_stride, eps, D: tl.constexpr, BR: tl.
     x_at, mask = _row_offsets(row0, n_rows, H, x_stride, D, BR, BD)
     at, _ = _row_offsets(row0, n_rows, 1, D, D, BR, BD)
     xv = tl.load(x + x_at, mask=mask, other=0).to(tl.float32)
-    norm = tl.maximum(tl.sqrt(tl.sum(xv * xv, axis=1)), eps)
-    tl.store(y + at, (xv / norm[:, None]).to(y.dtype.element_ty), mask=mask)
+    rnorm = 1 / tl.sqrt(tl.sum(xv * xv, axis=1) + eps)
+    tl.store(y + at, (xv * rnorm[:, None]).to(y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -184,16 +184,15 @@ def _l2_norm_bwd_kernel(x, dy, dx, n_rows, H, x_stride, eps, D: tl.constexpr, BR
     at, _ = _row_offsets(row0, n_rows, 1, D, D, BR, BD)  # dy, dx: contiguous [rows, D]
     xv = tl.load(x + x_at, mask=mask, other=0).to(tl.float32)
     grad = tl.load(dy + at, mask=mask, other=0).to(tl.float32)
-    length = tl.sqrt(tl.sum(xv * xv, axis=1))
-    norm = tl.maximum(length, eps)
-    unit = xv / norm[:, None]
-    along = tl.where(length > eps, tl.sum(unit * grad, axis=1), 0)  # the clamped norm does not depend on x
-    tl.store(dx + at, ((grad - unit * along[:, None]) / norm[:, None]).to(dx.dtype.element_ty), mask=mask)
+    rnorm = 1 / tl.sqrt(tl.sum(xv * xv, axis=1) + eps)
+    y = xv * rnorm[:, None]
+    along = tl.sum(y * grad, axis=1)
+    tl.store(dx + at, ((grad - y * along[:, None]) * rnorm[:, None]).to(dx.dtype.element_ty), mask=mask)
 
 
 def l2_norm_forward(x: Tensor, eps: float, dtype: torch.dtype, heads: int, token_stride: int) -> Tensor:
     """x ``[..., D]`` of rows ``heads`` per token (dense within a token; tokens ``token_stride`` apart, as a column
-    slice of a wider matrix) → ``x / max(‖x‖, eps)`` over the last dim, contiguous, in ``dtype``."""
+    slice of a wider matrix) → ``x / sqrt(‖x‖² + eps)`` over the last dim, contiguous, in ``dtype``."""
     dim = x.shape[-1]
     y = new_output(x.shape, dtype, x.device)
     n_rows = x.numel() // dim
