@@ -1,7 +1,8 @@
 """``linrnn generate CHECKPOINT --prompt TEXT``: streamed sampling from a saved model through ``linrnn.Engine``.
 
 The checkpoint is a ``model.pt`` from ``linrnn train`` (its run folder holds the tokenizer in ``tokenizer/``, beside
-it) or from ``linrnn demo --save`` (byte models: 256 tokens, no tokenizer). ``--tokenizer DIR`` names another
+it) or from ``linrnn demo --save`` (byte models: 256 tokens, no tokenizer), or the folder of an FLA Gated DeltaNet
+(``save_pretrained``'s, read by ``linrnn.from_fla``; its ``tokenizer.json`` in it). ``--tokenizer DIR`` names another
 folder with ``tokenizer.json``. The new text is printed as it is made; the speed goes to stderr at the end.
 """
 
@@ -17,13 +18,15 @@ import torch
 from linrnn.errors import UsageError
 from linrnn.inference import Engine, Sampling
 from linrnn.models import load_checkpoint
+from linrnn.models.fla_checkpoints import from_fla
 from linrnn.training.data import BOS, EOS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from linrnn.cli import float_in, nonnegative_int, positive_int
 
-    parser.add_argument("checkpoint", type=Path, help="model.pt from `linrnn train` or `linrnn demo --save`")
+    parser.add_argument("checkpoint", type=Path, help="model.pt from `linrnn train` or `linrnn demo --save`, or an "
+                        "FLA Gated DeltaNet folder (config.json, safetensors)")  # fmt: skip
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="the prompt text")
     prompt.add_argument("--prompt-file", type=Path, help="a UTF-8 file holding the prompt")
@@ -69,18 +72,20 @@ def tokenizer_folder(args: argparse.Namespace, vocab_size: int) -> Path | None:
         if not (args.tokenizer / "tokenizer.json").is_file():
             raise UsageError(f"argument --tokenizer: expected a folder with tokenizer.json, got {args.tokenizer}")
         return args.tokenizer
-    beside = args.checkpoint.parent / "tokenizer"
+    beside = args.checkpoint if args.checkpoint.is_dir() else args.checkpoint.parent / "tokenizer"
     if (beside / "tokenizer.json").is_file():
         return beside
     if vocab_size == 256:
         return None
+    where = "in its folder" if args.checkpoint.is_dir() else "tokenizer/tokenizer.json beside it"
     raise UsageError(f"argument --tokenizer: the checkpoint's model has {vocab_size} tokens and there is no "
-                     f"tokenizer/tokenizer.json beside it; give its tokenizer folder")  # fmt: skip
+                     f"tokenizer.json {where}; give its tokenizer folder")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.checkpoint.is_file():
-        raise UsageError(f"argument checkpoint: expected a model.pt file, got {args.checkpoint} (no such file)")
+    if not args.checkpoint.is_file() and not (args.checkpoint / "config.json").is_file():
+        raise UsageError(f"argument checkpoint: expected a model.pt file or an FLA folder with config.json, got "
+                         f"{args.checkpoint} (no such file)")  # fmt: skip
     if args.prompt_file is not None:
         if not args.prompt_file.is_file():
             raise UsageError(f"argument --prompt-file: no such file {args.prompt_file}")
@@ -95,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
         ) from error
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"argument --device: {args.device} asked for, but torch sees no CUDA device")
-    model = load_checkpoint(args.checkpoint, map_location=device)
+    if args.checkpoint.is_dir():
+        model = from_fla(args.checkpoint).to(device)
+    else:
+        model = load_checkpoint(args.checkpoint, map_location=device)
     if device.type == "cuda":
         model = model.to(torch.bfloat16)
     text = Text(tokenizer_folder(args, model.config.vocab_size))

@@ -47,6 +47,27 @@ def test_model_with_its_tokenizer_folder(tmp_path, capsys):
     assert out == tokenizer.decode(request.tokens) + "\n"
 
 
+def test_fla_folder_with_its_tokenizer(tmp_path, capsys):
+    """An FLA Gated DeltaNet folder (linrnn.to_fla's, as save_pretrained writes one) with tokenizer.json in it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "a": 2, "b": 3, "[UNK]": 4}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    torch.manual_seed(2)
+    model = linrnn.build_model("gdn", preset="byte-tiny", num_layers=1, vocab_size=5)
+    linrnn.to_fla(model, tmp_path / "fla")
+    arguments = ["generate", str(tmp_path / "fla"), "--prompt", "a b b", "--max-new-tokens", "5", "--temperature",
+                 "0", "--device", "cpu"]  # fmt: skip
+    assert main(arguments) == 2
+    assert "5 tokens and there is no tokenizer.json in its folder" in capsys.readouterr().err
+    tokenizer.save(str(tmp_path / "fla" / "tokenizer.json"))
+    assert main(arguments) == 0
+    out, _ = capsys.readouterr()
+    greedy = Sampling(max_new_tokens=5, temperature=0, stop_tokens=(1,))
+    (request,) = Engine(model, slots=1).generate([torch.tensor([0, 2, 3, 3])], greedy)
+    assert out == tokenizer.decode(request.tokens) + "\n"
+
+
 def _write(folder, text):
     path = folder / "prompt.txt"
     path.write_text(text, encoding="utf-8")
