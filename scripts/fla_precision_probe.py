@@ -1,4 +1,4 @@
-"""How far linrnn's and FLA's Gated DeltaNet logits are from the definition, for the tolerances of
+"""How far linrnn's and FLA's Gated DeltaNet and KDA logits are from the definition, for the tolerances of
 tests/models/test_fla_checkpoints.py: the tests' tiny models, the same weights in fp64 through linrnn's torch
 recurrence as the reference. GPU machine, FLA and transformers importable::
 
@@ -30,15 +30,16 @@ def report(label: str, folder: str, linrnn_model, fla_model, length: int) -> Non
           f"{linrnn_error:.3e}, FLA − reference {fla_error:.3e}")  # fmt: skip
 
 
-for tie in (False, True):
-    fla = cases.fla_gdn(models, tie)
+for cell in ("gdn", "kda"):
+    for tie in (False, True):
+        fla = cases.fla_model(models, cell, tie)
+        folder = tempfile.mkdtemp()
+        fla.save_pretrained(folder, safe_serialization=True)
+        for length in (40, 100):
+            report(f"FLA {cell} model, tied {tie}", folder, from_fla(folder).cuda().eval(), fla, length)
+    model = cases.linrnn_gdn(cell=cell, tie_embeddings=True, allow_neg_eigval=True).cuda().eval()
     folder = tempfile.mkdtemp()
-    fla.save_pretrained(folder, safe_serialization=True)
+    to_fla(model, folder)
+    fla = getattr(models, cases.FLA_CLASSES[cell][1]).from_pretrained(folder).cuda().eval()
     for length in (40, 100):
-        report(f"FLA model, tied {tie}", folder, from_fla(folder).cuda().eval(), fla, length)
-model = cases.linrnn_gdn(tie_embeddings=True, allow_neg_eigval=True).cuda().eval()
-folder = tempfile.mkdtemp()
-to_fla(model, folder)
-fla = models.GatedDeltaNetForCausalLM.from_pretrained(folder).cuda().eval()
-for length in (40, 100):
-    report("linrnn model, negative eigenvalues", folder, model, fla, length)
+        report(f"linrnn {cell} model, negative eigenvalues", folder, model, fla, length)

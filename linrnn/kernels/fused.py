@@ -4,7 +4,8 @@ and the MLP's SwiGLU product.
 - ``rms_norm(x, weight, eps, delta=None)``: ``RMSNorm(x + delta) · weight`` over the last dim; with ``delta`` it
   also returns the sum (the residual stream goes on from it).
 
-- ``gated_rms_norm(x, z, weight, eps)``: per head, ``RMSNorm(x) · weight · SiLU(z)`` over the last dim of
+- ``gated_rms_norm(x, z, weight, eps, gate="silu")``: per head, ``RMSNorm(x) · weight · SiLU(z)`` (or ``sigmoid(z)``,
+  FLA's KDA) over the last dim of
   ``[B, T, H, D]`` (fp32 arithmetic, x's dtype out).
 - ``l2_normalize(x, eps, dtype)``: ``x / sqrt(‖x‖² + eps)`` over the last dim, in ``dtype`` (FLA's in-kernel q, k
   norm; smooth at 0, unlike ``F.normalize``'s ``x / max(‖x‖, eps)``).
@@ -42,17 +43,25 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None,
     return normed if delta is None else (normed, total)
 
 
-def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, backend: str = "auto") -> Tensor:
-    """x, z ``[B, T, H, D]``, weight ``[D]`` → ``[B, T, H, D]`` in x's dtype (see the module docstring)."""
+def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, backend: str = "auto", gate: str = "silu"
+                   ) -> Tensor:  # fmt: skip
+    """x, z ``[B, T, H, D]``, weight ``[D]`` → ``[B, T, H, D]`` in x's dtype (see the module docstring); ``gate``
+    is "silu" (SiLU(z)) or "sigmoid" (sigmoid(z))."""
+    if gate not in GATES:
+        raise ValueError(f"gated_rms_norm: argument 'gate' must be one of {GATES}, got {gate!r}")
     if use_triton(x, backend) and z.dtype == x.dtype:
-        return gated_rms_norm_op(x, z, weight, eps)
-    return gated_rms_norm_torch(x, z, weight, eps)
+        return gated_rms_norm_op(x, z, weight, eps, gate)
+    return gated_rms_norm_torch(x, z, weight, eps, gate)
 
 
-def gated_rms_norm_torch(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
+GATES = ("silu", "sigmoid")
+
+
+def gated_rms_norm_torch(x: Tensor, z: Tensor, weight: Tensor, eps: float, gate: str = "silu") -> Tensor:
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
     normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps) * weight.to(wide.dtype)
-    return (normed * F.silu(z.to(wide.dtype))).to(x.dtype)
+    z = z.to(wide.dtype)
+    return (normed * (z.sigmoid() if gate == "sigmoid" else F.silu(z))).to(x.dtype)
 
 
 def l2_normalize(x: Tensor, eps: float, dtype: torch.dtype, backend: str = "auto") -> Tensor:
@@ -123,41 +132,42 @@ def _token_rows(x: Tensor) -> tuple[Tensor, int, int]:
 
 
 @torch.library.custom_op("linrnn::gated_rms_norm", mutates_args=())
-def gated_rms_norm_op(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
+def gated_rms_norm_op(x: Tensor, z: Tensor, weight: Tensor, eps: float, gate: str) -> Tensor:
     from linrnn.kernels.triton.fused import gated_rms_norm_forward
 
-    return gated_rms_norm_forward(heads_dense(x), heads_dense(z), weight.contiguous(), eps)
+    return gated_rms_norm_forward(heads_dense(x), heads_dense(z), weight.contiguous(), eps, gate)
 
 
 @gated_rms_norm_op.register_fake
-def _(x, z, weight, eps):
+def _(x, z, weight, eps, gate):
     return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("linrnn::gated_rms_norm_backward", mutates_args=())
-def gated_rms_norm_backward_op(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor,
-                               eps: float) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def gated_rms_norm_backward_op(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor, eps: float,
+                               gate: str) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     from linrnn.kernels.triton.fused import gated_rms_norm_backward
 
-    dx, dz, dw = gated_rms_norm_backward(dy.contiguous(), heads_dense(x), heads_dense(z), weight.contiguous(), eps)
+    dx, dz, dw = gated_rms_norm_backward(dy.contiguous(), heads_dense(x), heads_dense(z), weight.contiguous(), eps,
+                                         gate)  # fmt: skip
     return dx, dz, dw.to(weight.dtype)
 
 
 @gated_rms_norm_backward_op.register_fake
-def _(dy, x, z, weight, eps):
+def _(dy, x, z, weight, eps, gate):
     return x.new_empty(x.shape), z.new_empty(z.shape), weight.new_empty(weight.shape)
 
 
 def _norm_setup(ctx, inputs, output):
-    x, z, weight, eps = inputs
+    x, z, weight, eps, gate = inputs
     ctx.save_for_backward(x, z, weight)
-    ctx.eps = eps
+    ctx.eps, ctx.gate = eps, gate
 
 
 def _norm_backward(ctx, dy):
     x, z, weight = ctx.saved_tensors
-    dx, dz, dw = gated_rms_norm_backward_op(dy, x, z, weight, ctx.eps)
-    return dx, dz, dw, None
+    dx, dz, dw = gated_rms_norm_backward_op(dy, x, z, weight, ctx.eps, ctx.gate)
+    return dx, dz, dw, None, None
 
 
 gated_rms_norm_op.register_autograd(_norm_backward, setup_context=_norm_setup)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,12 @@ class MixerOptions(BaseModel):
     use_rope: bool = False
     rope_theta: float = Field(10000.0, gt=0)
     norm_eps: float = Field(1e-6, gt=0)
+    output_gate: Literal["silu", "sigmoid"] = Field(
+        "silu", description="the output gate's activation in the gated RMSNorm (FLA's KDA: sigmoid)"
+    )
+    output_gate_low_rank: int | None = Field(
+        None, gt=0, description="rank of a low-rank output gate projection, with a bias (FLA's KDA: head_v_dim)"
+    )
     output_multiplier: float = Field(
         1.0, gt=0, description="multiplies the recurrence output before the gated RMSNorm (seed 000 §4.3: d_k / d_k0)"
     )
@@ -177,17 +183,17 @@ def last_inputs_per_document(x: Tensor, documents: Documents, keep: int) -> Tens
 
 
 class GatedRMSNorm(nn.Module):
-    """Per-head RMSNorm of the recurrence output, times SiLU of the output gate (fp32 arithmetic;
-    ``linrnn.kernels.fused``)."""
+    """Per-head RMSNorm of the recurrence output, times SiLU (``gate`` "silu") or sigmoid ("sigmoid") of the output
+    gate (fp32 arithmetic; ``linrnn.kernels.fused``)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, gate: str = "silu"):
         super().__init__()
-        self.eps = eps
+        self.eps, self.gate = eps, gate
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, gate: Tensor, backend: str = "auto") -> Tensor:
         """x, gate ``[B, T, H, D]`` → ``[B, T, H, D]`` in x's dtype; ``backend`` is the mixer's."""
-        return gated_rms_norm(x, gate, self.weight, self.eps, backend)
+        return gated_rms_norm(x, gate, self.weight, self.eps, backend, self.gate)
 
 
 def _concatenated(linears: list[nn.Linear], padding: int) -> tuple[Tensor, Tensor | None]:
@@ -259,8 +265,13 @@ class LinearRNNMixer(nn.Module):
             for name in self.stream_names:
                 width = value_width if name == "v" else key_width
                 setattr(self, f"{name}_conv", ShortConv(width, config.conv_size))
-        self.g_proj = nn.Linear(hidden, value_width, bias=False)
-        self.o_norm = GatedRMSNorm(self.head_v_dim, config.norm_eps)
+        rank = config.output_gate_low_rank
+        self.g_proj = (
+            nn.Linear(hidden, value_width, bias=False)
+            if rank is None
+            else nn.Sequential(nn.Linear(hidden, rank, bias=False), nn.Linear(rank, value_width, bias=True))
+        )
+        self.o_norm = GatedRMSNorm(self.head_v_dim, config.norm_eps, config.output_gate)
         self.o_proj = nn.Linear(value_width, hidden, bias=False)
 
     @property
@@ -458,5 +469,8 @@ class LinearRNNMixer(nn.Module):
 SHARED_ROLES = {
     **{f"{name}.weight": "hidden" for name in ("q_proj", "k_proj", "v_proj", "g_proj", "o_proj")},
     **{f"{name}_conv.weight": "hidden" for name in ("q", "k", "v")},
+    "g_proj.0.weight": "hidden",  # a low-rank output gate (output_gate_low_rank)
+    "g_proj.1.weight": "hidden",
+    "g_proj.1.bias": "bias",
     "o_norm.weight": "norm",
 }

@@ -26,9 +26,9 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="needs triton"))]
 
 
-def gated_norm_formula(x, z, weight, eps):
+def gated_norm_formula(x, z, weight, eps, gate="silu"):
     rms = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-    return x / rms * weight * z * torch.sigmoid(z)
+    return x / rms * weight * (torch.sigmoid(z) if gate == "sigmoid" else z * torch.sigmoid(z))
 
 
 def leaf(*shape, dtype=torch.float32):
@@ -60,12 +60,18 @@ def poisoned_outputs(monkeypatch):
 
 @pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("gate", ["silu", "sigmoid"])
 @pytest.mark.parametrize("shape", [(2, 7, 3, 20), (1, 33, 2, 64), (3, 1, 1, 5)])
-def test_gated_norm_matches_formula(backend, shape):
+def test_gated_norm_matches_formula(backend, shape, gate):
     torch.manual_seed(sum(shape))
     x, z, weight = leaf(*shape), leaf(*shape), leaf(shape[-1])
-    check_against_formula(lambda *a: gated_rms_norm(*a, backend=backend), gated_norm_formula, (x, z, weight, 1e-6),
-                          atol=2e-5, dtype_out=torch.float32)  # fmt: skip
+    check_against_formula(lambda *a: gated_rms_norm(*a[:4], backend=backend, gate=a[4]), gated_norm_formula,
+                          (x, z, weight, 1e-6, gate), atol=2e-5, dtype_out=torch.float32)  # fmt: skip
+
+
+def test_gated_norm_refuses_an_unknown_gate():
+    with pytest.raises(ValueError, match="argument 'gate' must be one of \\('silu', 'sigmoid'\\), got 'tanh'"):
+        gated_rms_norm(leaf(1, 2, 1, 4), leaf(1, 2, 1, 4), leaf(4), 1e-6, gate="tanh")
 
 
 @pytest.mark.usefixtures("poisoned_outputs")
@@ -295,7 +301,8 @@ def test_custom_op_registration():
     assert set(results.values()) == {"SUCCESS"}, results
 
     torch.manual_seed(4)
-    results = torch.library.opcheck(gated_rms_norm_op, (leaf(2, 5, 2, 8), leaf(2, 5, 2, 8), leaf(8), 1e-6))
-    assert set(results.values()) == {"SUCCESS"}, results
+    for gate in ("silu", "sigmoid"):
+        results = torch.library.opcheck(gated_rms_norm_op, (leaf(2, 5, 2, 8), leaf(2, 5, 2, 8), leaf(8), 1e-6, gate))
+        assert set(results.values()) == {"SUCCESS"}, results
     results = torch.library.opcheck(swiglu_op, (leaf(4, 9), leaf(4, 9)))
     assert set(results.values()) == {"SUCCESS"}, results

@@ -1,4 +1,4 @@
-"""FLA Gated DeltaNet checkpoints in and out of linrnn (``linrnn.models.fla_checkpoints``).
+"""FLA Gated DeltaNet and KDA checkpoints in and out of linrnn (``linrnn.models.fla_checkpoints``).
 
 The tests against FLA's own model need flash-linear-attention (and transformers): they run on the GPU machine, and on
 a CPU under the Triton interpreter with Triton < 3.9 (FLA 0.6.0 uses ``tl.make_block_ptr``); elsewhere they skip.
@@ -20,18 +20,29 @@ TINY = dict(vocab_size=97, hidden_size=64, num_layers=2, num_heads=2, intermedia
             head_v_dim=32)  # fmt: skip
 
 
-def linrnn_gdn(seed: int = 0, **overrides):
+KDA_FORM = dict(output_gate="sigmoid", output_gate_low_rank=32, gate_low_rank=32)  # FLA's KDA: ranks head_v_dim
+
+
+def linrnn_gdn(seed: int = 0, cell: str = "gdn", **overrides):
     torch.manual_seed(seed)
-    model = linrnn.build_model("gdn", **(TINY | overrides))
-    with torch.no_grad():  # norms away from their init of ones, so that a swapped norm weight shows
-        for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):
-                parameter.uniform_(0.5, 1.5)
+    model = linrnn.build_model(cell, **(TINY | (KDA_FORM if cell == "kda" else {}) | overrides))
+    away_from_init(model)
     return model
 
 
-def test_round_trip_keeps_every_tensor_and_the_logits(tmp_path):
-    model = linrnn_gdn(tie_embeddings=False)
+def away_from_init(model):
+    """Norm weights away from their ones and biases from their zeros, so that a swapped or lost one shows."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.uniform_(0.5, 1.5)
+            if name.endswith(".bias") and "dt_bias" not in name:
+                parameter.uniform_(-0.5, 0.5)
+
+
+@pytest.mark.parametrize("cell", ["gdn", "kda"])
+def test_round_trip_keeps_every_tensor_and_the_logits(tmp_path, cell):
+    model = linrnn_gdn(cell=cell, tie_embeddings=False)
     to_fla(model, tmp_path / "fla")
     back = from_fla(tmp_path / "fla")
     assert back.config.model_dump(exclude={"mixer"}) == model.config.model_dump(exclude={"mixer"})
@@ -89,13 +100,22 @@ def _fla_folder(tmp_path):
 @pytest.mark.parametrize(
     "field, value",
     [("attn", {"layers": [1], "num_heads": 2}), ("num_v_heads", 4), ("use_gate", False),
-     ("output_gate_activation", "sigmoid"), ("model_type", "kda"), ("attnres_block_size", 2)],
+     ("output_gate_activation", "sigmoid"), ("model_type", "gla"), ("attnres_block_size", 2)],
 )  # fmt: skip
 def test_fla_variants_without_a_linrnn_counterpart_are_refused(tmp_path, field, value):
     config, weights = _fla_folder(tmp_path)
     _write(tmp_path / "bad", config | {field: value}, weights)
     with pytest.raises(UsageError, match=f"{field}.*got {value!r}".replace("[", r"\[").replace("{", r"\{")):
         from_fla(tmp_path / "bad")
+
+
+@pytest.mark.parametrize("field, value", [("safe_gate", True), ("lower_bound", -5.0)])
+def test_kda_bounded_gate_is_refused(tmp_path, field, value):
+    to_fla(linrnn_gdn(cell="kda"), tmp_path / "kda")
+    config = json.loads((tmp_path / "kda" / "config.json").read_text())
+    (tmp_path / "kda" / "config.json").write_text(json.dumps(config | {field: value}))
+    with pytest.raises(UsageError, match=f"field '{field}' must be .* for linrnn's kda model, got {value!r}"):
+        from_fla(tmp_path / "kda")
 
 
 def test_wrong_or_missing_tensors_are_named(tmp_path):
@@ -138,7 +158,9 @@ def test_pickled_weights_are_refused_unread(tmp_path):
 def test_to_fla_refuses_what_fla_cannot_hold_and_does_not_overwrite(tmp_path):
     with pytest.raises(UsageError, match="mixer.use_rope = False, got True"):
         to_fla(linrnn_gdn(use_rope=True), tmp_path / "rope")
-    with pytest.raises(UsageError, match="cell = 'gated_deltanet', got 'kda'"):
+    with pytest.raises(UsageError, match="cell = 'gated_deltanet' or 'kda', got 'gla'"):
+        to_fla(linrnn.build_model("gla"), tmp_path / "gla")
+    with pytest.raises(UsageError, match="KDAForCausalLM needs model config mixer.output_gate = 'sigmoid', got 'silu'"):
         to_fla(linrnn.build_model("kda"), tmp_path / "kda")
     to_fla(linrnn_gdn(), tmp_path / "once")
     before = (tmp_path / "once" / "model.safetensors").read_bytes()
@@ -170,37 +192,40 @@ def skip_where_fla_cannot_run(length: int) -> None:
         pytest.skip("FLA 0.6.0's chunked path (T > 64) does not run under the Triton interpreter")
 
 
-def fla_gdn(models, tie: bool):
+FLA_CLASSES = {"gdn": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM"), "kda": ("KDAConfig", "KDAForCausalLM")}
+
+
+def fla_model(models, cell: str, tie: bool):
     torch.manual_seed(1)
-    config = models.GatedDeltaNetConfig(hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=16, expand_v=2.0,
-                                        intermediate_size=96, vocab_size=97, tie_word_embeddings=tie,
-                                        fuse_cross_entropy=False)  # fmt: skip
-    model = models.GatedDeltaNetForCausalLM(config)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):
-                parameter.uniform_(0.5, 1.5)
+    config_class, model_class = (getattr(models, name) for name in FLA_CLASSES[cell])
+    config = config_class(hidden_size=64, num_hidden_layers=2, num_heads=2, head_dim=16, expand_v=2.0,
+                          intermediate_size=96, vocab_size=97, tie_word_embeddings=tie,
+                          fuse_cross_entropy=False)  # fmt: skip
+    model = model_class(config)
+    away_from_init(model)
     return model.to(DEVICE).eval()
 
 
 def check_logits(folder, linrnn_model, fla_model, ids):
     """linrnn's and FLA's logits against the definition: the same weights in fp64 through the torch recurrence.
-    linrnn's fp32 model is within 1e-5 of it (4e-7 measured on an H100); so is FLA's fused recurrent path (T <= 64,
-    9e-7). FLA's chunked path rounds its fp32 inputs to tf32 (10-bit mantissa) in its matrix products: 3e-4 to
-    1e-3 measured at logits up to 1.6 (scripts/fla_precision_probe.py), hence its own bound there."""
+    linrnn's fp32 model is within 1e-5 of it (1.1e-6 at most measured on an H100); so is FLA's fused recurrent path
+    (T <= 64; 2.2e-6). FLA's chunked path rounds its fp32 inputs to tf32 (10-bit mantissa) in its matrix products:
+    GDN 2.7e-4 to 8.0e-4 at logits up to 1.6, KDA 9.4e-4 to 1.4e-3 (up to 2.0e-3 of the largest logit) at logits up
+    to 1.4 (scripts/fla_precision_probe.py), hence its own bound there, relative to the largest logit."""
     reference = from_fla(folder, backend="torch").double().eval()(ids.cpu())
     with torch.no_grad():
         actual, expected = linrnn_model(ids).double().cpu(), fla_model(input_ids=ids).logits.double().cpu()
     torch.testing.assert_close(actual, reference, rtol=0, atol=1e-5)
-    fla_atol = 1e-5 if ids.shape[1] <= 64 else 2e-3 * reference.abs().max().item()
+    fla_atol = 1e-5 if ids.shape[1] <= 64 else 5e-3 * reference.abs().max().item()
     torch.testing.assert_close(expected, reference, rtol=0, atol=fla_atol)
 
 
 @pytest.mark.parametrize("length", [40, 100], ids=["recurrent", "chunked"])  # FLA: fused recurrent at T <= 64
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
-def test_fla_checkpoint_gives_fla_logits(tmp_path, fla_models, tie, length):
+@pytest.mark.parametrize("cell", ["gdn", "kda"])
+def test_fla_checkpoint_gives_fla_logits(tmp_path, fla_models, cell, tie, length):
     skip_where_fla_cannot_run(length)
-    fla = fla_gdn(fla_models, tie)
+    fla = fla_model(fla_models, cell, tie)
     fla.save_pretrained(tmp_path, safe_serialization=True)
     ids = torch.randint(0, 97, (2, length), device=DEVICE)
     for model in (from_fla(tmp_path), from_fla(fla)):
@@ -208,10 +233,11 @@ def test_fla_checkpoint_gives_fla_logits(tmp_path, fla_models, tie, length):
 
 
 @pytest.mark.parametrize("length", [40, 100], ids=["recurrent", "chunked"])
-def test_linrnn_model_written_for_fla_gives_its_logits(tmp_path, fla_models, length):
+@pytest.mark.parametrize("cell", ["gdn", "kda"])
+def test_linrnn_model_written_for_fla_gives_its_logits(tmp_path, fla_models, cell, length):
     skip_where_fla_cannot_run(length)
-    model = linrnn_gdn(tie_embeddings=True, allow_neg_eigval=True).to(DEVICE).eval()
+    model = linrnn_gdn(cell=cell, tie_embeddings=True, allow_neg_eigval=True).to(DEVICE).eval()
     to_fla(model, tmp_path)
-    fla = fla_models.GatedDeltaNetForCausalLM.from_pretrained(tmp_path).to(DEVICE).eval()
+    fla = getattr(fla_models, FLA_CLASSES[cell][1]).from_pretrained(tmp_path).to(DEVICE).eval()
     assert fla.config.allow_neg_eigval
     check_logits(tmp_path, model, fla, torch.randint(0, 97, (2, length), device=DEVICE))

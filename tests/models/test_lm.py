@@ -17,8 +17,13 @@ def decode_one_by_one(model, ids, state=None):
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"use_rope": True, "allow_neg_eigval": True}, {"use_short_conv": False}],
-    ids=["default", "rope_negeig", "no_conv"],
+    [
+        {},
+        {"use_rope": True, "allow_neg_eigval": True},
+        {"use_short_conv": False},
+        {"output_gate": "sigmoid", "output_gate_low_rank": 8},
+    ],
+    ids=["default", "rope_negeig", "no_conv", "low_rank_sigmoid_gate"],
 )
 @pytest.mark.parametrize("cell", CELLS)
 def test_decode_equals_full_forward(cell, options):

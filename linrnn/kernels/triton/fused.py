@@ -63,7 +63,7 @@ def _row_offsets(row0, n_rows, H, token_stride, D: tl.constexpr, BR: tl.constexp
 
 @triton.jit
 def _gated_norm_fwd_kernel(x, z, w, y, n_rows, H, x_stride, z_stride, eps,
-                           D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+                           D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SIGMOID: tl.constexpr):  # fmt: skip
     row0 = tl.program_id(0) * BR
     x_at, mask = _row_offsets(row0, n_rows, H, x_stride, D, BR, BD)
     z_at, _ = _row_offsets(row0, n_rows, H, z_stride, D, BR, BD)
@@ -73,13 +73,14 @@ def _gated_norm_fwd_kernel(x, z, w, y, n_rows, H, x_stride, z_stride, eps,
     cols = tl.arange(0, BD)
     wv = tl.load(w + cols, mask=cols < D, other=0).to(tl.float32)
     rstd = 1 / tl.sqrt(tl.sum(xv * xv, axis=1) / D + eps)
-    out = xv * rstd[:, None] * wv[None, :] * (zv * tl.sigmoid(zv))
+    gate = tl.sigmoid(zv) if SIGMOID else zv * tl.sigmoid(zv)
+    out = xv * rstd[:, None] * wv[None, :] * gate
     tl.store(y + y_at, out.to(y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _gated_norm_bwd_kernel(x, z, w, dy, dx, dz, dw_partial, n_rows, H, x_stride, z_stride, eps,
-                           D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+                           D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SIGMOID: tl.constexpr):  # fmt: skip
     row0 = tl.program_id(0) * BR
     x_at, mask = _row_offsets(row0, n_rows, H, x_stride, D, BR, BD)
     z_at, _ = _row_offsets(row0, n_rows, H, z_stride, D, BR, BD)
@@ -91,14 +92,19 @@ def _gated_norm_bwd_kernel(x, z, w, dy, dx, dz, dw_partial, n_rows, H, x_stride,
     wv = tl.load(w + cols, mask=cols < D, other=0).to(tl.float32)
     rstd = 1 / tl.sqrt(tl.sum(xv * xv, axis=1) / D + eps)
     normed = xv * rstd[:, None]
-    gate = tl.sigmoid(zv)
-    silu = zv * gate
-    grad_z = grad * normed * wv[None, :] * gate * (1 + zv * (1 - gate))
-    grad_n = grad * wv[None, :] * silu
+    sigmoid = tl.sigmoid(zv)
+    if SIGMOID:
+        gate = sigmoid
+        gate_slope = sigmoid * (1 - sigmoid)
+    else:
+        gate = zv * sigmoid
+        gate_slope = sigmoid * (1 + zv * (1 - sigmoid))
+    grad_z = grad * normed * wv[None, :] * gate_slope
+    grad_n = grad * wv[None, :] * gate
     grad_x = rstd[:, None] * (grad_n - normed * (tl.sum(grad_n * normed, axis=1) / D)[:, None])
     tl.store(dx + dense_at, grad_x.to(dx.dtype.element_ty), mask=mask)
     tl.store(dz + dense_at, grad_z.to(dz.dtype.element_ty), mask=mask)
-    tl.store(dw_partial + tl.program_id(0) * D + cols, tl.sum(grad * normed * silu, axis=0), mask=cols < D)
+    tl.store(dw_partial + tl.program_id(0) * D + cols, tl.sum(grad * normed * gate, axis=0), mask=cols < D)
 
 
 def _rows(x: Tensor) -> tuple[int, int, int, int]:
@@ -109,17 +115,19 @@ def _rows(x: Tensor) -> tuple[int, int, int, int]:
     return batch * steps * heads, heads, dim, x.stride(1)
 
 
-def gated_rms_norm_forward(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """x, z ``[B, T, H, D]`` (heads and channels dense) → ``[B, T, H, D]`` contiguous in x's dtype."""
+def gated_rms_norm_forward(x: Tensor, z: Tensor, weight: Tensor, eps: float, gate: str = "silu") -> Tensor:
+    """x, z ``[B, T, H, D]`` (heads and channels dense) → ``[B, T, H, D]`` contiguous in x's dtype; ``gate`` "silu"
+    or "sigmoid" of z."""
     n_rows, heads, dim, x_stride = _rows(x)
     y = new_output(x.shape, x.dtype, x.device)
     block = _row_block(dim)
     grid = (triton.cdiv(n_rows, block["BR"]),)
-    _gated_norm_fwd_kernel[grid](x, z, weight, y, n_rows, heads, x_stride, _rows(z)[3], eps, D=dim, **block)
+    _gated_norm_fwd_kernel[grid](x, z, weight, y, n_rows, heads, x_stride, _rows(z)[3], eps, D=dim,
+                                 SIGMOID=gate == "sigmoid", **block)  # fmt: skip
     return y
 
 
-def gated_rms_norm_backward(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor, eps: float):
+def gated_rms_norm_backward(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor, eps: float, gate: str = "silu"):
     """→ (dx in x's dtype, dz in z's dtype, both contiguous ``[B, T, H, D]``; dw ``[D]`` fp32)."""
     n_rows, heads, dim, x_stride = _rows(x)
     block = _row_block(dim)
@@ -128,7 +136,7 @@ def gated_rms_norm_backward(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor, ep
     dz = new_output(z.shape, z.dtype, z.device)
     dw_partial = new_output((grid[0], dim), torch.float32, x.device)
     _gated_norm_bwd_kernel[grid](x, z, weight, dy, dx, dz, dw_partial, n_rows, heads, x_stride, _rows(z)[3], eps,
-                                 D=dim, **block)  # fmt: skip
+                                 D=dim, SIGMOID=gate == "sigmoid", **block)  # fmt: skip
     return dx, dz, dw_partial.sum(0)
 
 
