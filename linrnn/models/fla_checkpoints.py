@@ -255,13 +255,16 @@ def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     where = f"FLA checkpoint {folder}"
     if not (folder / "config.json").is_file():
         raise UsageError(f"{where}: expected a folder with config.json (save_pretrained's), found none")
-    try:
-        fla_config = json.loads((folder / "config.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UsageError(f"{where}: config.json is not JSON ({error})") from error
+    fla_config = _read_json(folder / "config.json", where)
+    if not isinstance(fla_config, dict):
+        raise UsageError(f"{where}: config.json must hold an object, got {type(fla_config).__name__}")
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        contents = _read_json(index, where)
+        weight_map = contents.get("weight_map") if isinstance(contents, dict) else None
+        if not isinstance(weight_map, dict):
+            raise UsageError(f"{where}: {index.name} must hold a 'weight_map' object (tensor name → shard file)")
+        shards = sorted(set(map(str, weight_map.values())))
     elif (folder / "model.safetensors").is_file():
         shards = ["model.safetensors"]
     elif any(folder.glob("*.bin")):
@@ -273,8 +276,20 @@ def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
         raise UsageError(f"{where}: expected model.safetensors or model.safetensors.index.json, found neither")
     weights: dict[str, Tensor] = {}
     for shard in shards:
-        weights |= load_file(folder / shard)
+        if not (folder / shard).is_file():
+            raise UsageError(f"{where}: the index names shard {shard!r}, which is not in the folder")
+        try:
+            weights |= load_file(folder / shard)
+        except Exception as error:  # safetensors' own error type for bad headers, truncated files, ...
+            raise UsageError(f"{where}: {shard} is not a readable safetensors file ({one_line(error)})") from error
     return fla_config, weights
+
+
+def _read_json(path: Path, where: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UsageError(f"{where}: {path.name} is not JSON ({error})") from error
 
 
 def _few(names: list[str]) -> str:

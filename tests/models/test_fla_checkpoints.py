@@ -89,8 +89,8 @@ def _write(folder, config, weights):
     save_file(weights, folder / "model.safetensors")
 
 
-def _fla_folder(tmp_path):
-    to_fla(linrnn_gdn(tie_embeddings=False), tmp_path / "ok")
+def _fla_folder(tmp_path, model=None):
+    to_fla(model or linrnn_gdn(tie_embeddings=False), tmp_path / "ok")
     config = json.loads((tmp_path / "ok" / "config.json").read_text())
     from safetensors.torch import load_file
 
@@ -130,6 +130,37 @@ def test_wrong_or_missing_tensors_are_named(tmp_path):
     _write(tmp_path / "shape", config, reshaped)
     with pytest.raises(UsageError, match=r"o_norm.weight' must have shape \[32\], got \[31\]"):
         from_fla(tmp_path / "shape")
+
+
+def test_sharded_weights_are_read_through_their_index(tmp_path):
+    from safetensors.torch import save_file
+
+    model = linrnn_gdn(cell="kda", tie_embeddings=False)
+    config, weights = _fla_folder(tmp_path, model)
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    (tmp_path / "sharded").mkdir()
+    (tmp_path / "sharded" / "config.json").write_text(json.dumps(config))
+    for shard, held in shards.items():
+        save_file({name: weights[name] for name in held}, tmp_path / "sharded" / shard)
+    weight_map = {name: shard for shard, held in shards.items() for name in held}
+    (tmp_path / "sharded" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    back = from_fla(tmp_path / "sharded")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+    shard = tmp_path / "sharded" / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(UsageError, match="model-00002-of-00002.safetensors is not a readable safetensors file"):
+        from_fla(tmp_path / "sharded")
+    shard.unlink()
+    with pytest.raises(UsageError, match="names shard 'model-00002-of-00002.safetensors', which is not in the folder"):
+        from_fla(tmp_path / "sharded")
+    (tmp_path / "sharded" / "model.safetensors.index.json").write_text("[]")
+    with pytest.raises(UsageError, match="must hold a 'weight_map' object"):
+        from_fla(tmp_path / "sharded")
+    (tmp_path / "sharded" / "config.json").write_text("{not json")
+    with pytest.raises(UsageError, match="config.json is not JSON"):
+        from_fla(tmp_path / "sharded")
 
 
 class _CreatesFile:
