@@ -57,19 +57,27 @@ _SHARED_REQUIRED = {
     "use_short_conv": (True, (True,)),
     "attnres_block_size": (None, (None,)),
 }
-FAMILIES = {
-    family.model_type: family
-    for family in (
-        Family("gated_deltanet", "gated_deltanet", "GatedDeltaNetForCausalLM",
-               {**_SHARED_MIXER_NAMES, "f_proj.weight": "a_proj.weight", "g_proj.weight": "g_proj.weight"},
-               {**_SHARED_REQUIRED, "use_gate": (True, (True,)),
-                "output_gate_activation": ("swish", ("swish", "silu"))}, "silu"),
-        Family("kda", "kda", "KDAForCausalLM",
-               {**_SHARED_MIXER_NAMES, **{f"{name}.{part}": f"{name}.{part}" for name in ("f_proj", "g_proj")
-                                          for part in ("0.weight", "1.weight")}, "g_proj.1.bias": "g_proj.1.bias"},
-               {**_SHARED_REQUIRED, "safe_gate": (False, (False,)), "lower_bound": (None, (None,))}, "sigmoid"),
-    )
-}  # fmt: skip
+_GDN = Family(
+    model_type="gated_deltanet",
+    cell="gated_deltanet",
+    architecture="GatedDeltaNetForCausalLM",
+    mixer_names={**_SHARED_MIXER_NAMES, "f_proj.weight": "a_proj.weight", "g_proj.weight": "g_proj.weight"},
+    required={**_SHARED_REQUIRED, "use_gate": (True, (True,)), "output_gate_activation": ("swish", ("swish", "silu"))},
+    output_gate="silu",
+)
+_KDA = Family(
+    model_type="kda",
+    cell="kda",
+    architecture="KDAForCausalLM",
+    mixer_names={
+        **_SHARED_MIXER_NAMES,
+        **{f"{name}.{i}.weight": f"{name}.{i}.weight" for name in ("f_proj", "g_proj") for i in (0, 1)},  # low rank
+        "g_proj.1.bias": "g_proj.1.bias",
+    },
+    required={**_SHARED_REQUIRED, "safe_gate": (False, (False,)), "lower_bound": (None, (None,))},
+    output_gate="sigmoid",
+)
+FAMILIES = {family.model_type: family for family in (_GDN, _KDA)}
 _BLOCK_NAMES = {
     "mixer_norm.weight": "attn_norm.weight",
     "mlp_norm.weight": "mlp_norm.weight",
@@ -79,7 +87,7 @@ _GLOBAL_NAMES = {"embed.weight": "model.embeddings.weight", "norm.weight": "mode
                  "lm_head.weight": "lm_head.weight"}  # fmt: skip
 
 
-def fla_name(linrnn_name: str, family: Family = FAMILIES["gated_deltanet"]) -> str:
+def fla_name(linrnn_name: str, family: Family = _GDN) -> str:
     """FLA's name of a linrnn parameter: ``layers.3.mixer.f_proj.weight`` → ``model.layers.3.attn.a_proj.weight``
     (Gated DeltaNet)."""
     if linrnn_name in _GLOBAL_NAMES:
