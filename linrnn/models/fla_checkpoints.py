@@ -169,25 +169,27 @@ def from_fla(source: str | Path | nn.Module, backend: str = "auto") -> LanguageM
         where = f"FLA checkpoint {folder}"
     first_mlp = weights.get("model.layers.0.mlp.gate_proj.weight")
     config = config_from_fla(fla_config, None if first_mlp is None else first_mlp.shape[0], backend)
-    family = FAMILIES[fla_config["model_type"]]
+    family = FAMILIES[fla_config["model_type"]]  # config_from_fla has checked it
     model = LanguageModel(config)
     if config.tie_embeddings:  # save_pretrained stores a tied readout once, under the embedding's name
         weights.pop("lm_head.weight", None)
-    expected = {fla_name(name, family): name for name in model.state_dict()
-                if not (config.tie_embeddings and name == "lm_head.weight")}  # fmt: skip
+    shapes = {name: tensor.shape for name, tensor in _stored(model).items()}
+    expected = {fla_name(name, family): name for name in shapes}
     unknown, absent = sorted(set(weights) - set(expected)), sorted(set(expected) - set(weights))
     if unknown or absent:
         raise UsageError(
             f"{where}: its tensors do not match a {config.num_layers}-layer {family.cell} model: "
             f"unexpected {_few(unknown)}, missing {_few(absent)}"
         )
-    state, shapes = {}, {name: tensor.shape for name, tensor in model.state_dict().items()}
+    state = {}
     for fla, linrnn_name in expected.items():
         wanted = shapes[linrnn_name]
         if weights[fla].shape != wanted:
             raise UsageError(f"{where}: tensor {fla!r} must have shape {list(wanted)}, got {list(weights[fla].shape)}")
         state[linrnn_name] = weights[fla]
-    model.load_state_dict(state, strict=not config.tie_embeddings)
+    if config.tie_embeddings:
+        state["lm_head.weight"] = state["embed.weight"]  # the same parameter: loaded twice with one value
+    model.load_state_dict(state)
     return model
 
 
@@ -249,11 +251,18 @@ def to_fla(model: LanguageModel, folder: str | Path) -> Path:
     if not kda:
         fla_config |= {"use_gate": True, "output_gate_activation": "swish"}
     state = {fla_name(name, family): tensor.detach().float().cpu().contiguous()
-             for name, tensor in model.state_dict().items()
-             if not (config.tie_embeddings and name == "lm_head.weight")}  # fmt: skip
+             for name, tensor in _stored(model).items()}  # fmt: skip
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(fla_config, indent=2) + "\n")
     return folder
+
+
+def _stored(model: LanguageModel) -> dict[str, Tensor]:
+    """The model's tensors as an FLA checkpoint stores them: a tied readout only as the embedding."""
+    state = model.state_dict()
+    if model.config.tie_embeddings:
+        del state["lm_head.weight"]
+    return state
 
 
 def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
