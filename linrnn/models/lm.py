@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 import zipfile
 from pathlib import Path
@@ -15,7 +16,7 @@ from linrnn.errors import UsageError, one_line
 from linrnn.kernels.fused import rms_norm, swiglu
 from linrnn.kernels.validation import describe
 from linrnn.models.config import ModelConfig, model_config
-from linrnn.recurrences.base import Documents, MixerState
+from linrnn.recurrences.base import Documents, MixerState, ShortConv
 from linrnn.recurrences.registry import build_mixer
 
 
@@ -98,10 +99,16 @@ class LanguageModel(nn.Module):
             self.lm_head.weight = self.embed.weight
 
     def reset_parameters(self) -> None:
-        """Matrices and embeddings ~ N(0, init_std²), biases 0; gate scalars, convs, norms and Γ keep their own init."""
+        """Matrices and embeddings ~ N(0, init_std²), biases 0; short convs by ``conv_init``; gate scalars, norms and
+        Γ keep their own init."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=self.config.init_std)
+            if isinstance(module, ShortConv):
+                if self.config.conv_init == "normal":
+                    nn.init.normal_(module.weight, std=self.config.init_std)
+                else:
+                    nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))  # U(±1/√fan_in): Conv1d's default
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         if self.logit_bias is not None:
