@@ -3,7 +3,8 @@
 Public API::
 
     linrnn.ops.gated_delta_rule(q, k, v, g, beta)      # per-cell ops, FLA conventions
-    linrnn.list_cells(), linrnn.get_cell("gdn")        # registry
+    linrnn.list_cells(), linrnn.get_cell("gdn")        # registry (the recurrence cells)
+    linrnn.list_mixers()                               # the cells and softmax attention ("attention")
     linrnn.build_mixer("kda", hidden_size, num_heads)  # one mixer layer
     linrnn.build_model("gdn", preset="byte-tiny")           # a language model
     linrnn.generate(model, prompt_ids, max_new_tokens)
@@ -16,7 +17,7 @@ from linrnn.inference import Engine, Sampling
 from linrnn.kernels import ops
 from linrnn.models import ModelConfig, build_model, generate, list_presets
 from linrnn.models.fla_checkpoints import from_fla, to_fla
-from linrnn.recurrences import MixerState, build_mixer, get_cell, list_cells, param_roles
+from linrnn.recurrences import MixerState, build_mixer, get_cell, list_cells, list_mixers, param_roles
 
 __version__ = "0.1.0"
 
@@ -31,6 +32,7 @@ __all__ = [
     "generate",
     "get_cell",
     "list_cells",
+    "list_mixers",
     "list_presets",
     "ops",
     "param_roles",

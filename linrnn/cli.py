@@ -1,5 +1,6 @@
 """The ``linrnn`` command: ``linrnn demo``, ``linrnn cells``, ``linrnn presets``, ``linrnn stability``,
-``linrnn coord-check``, ``linrnn train``, ``linrnn sweep``, ``linrnn data prepare``.
+``linrnn coord-check``, ``linrnn train``, ``linrnn sweep``, ``linrnn data prepare``, ``linrnn eval mqar``,
+``linrnn eval length``.
 
 Every error in a user's arguments or input is one line on stderr, ``linrnn <command>: <message>``, with exit
 status 2: argparse's (``Parser``) and ``linrnn.errors.UsageError`` raised by a command. ``--debug`` shows the
@@ -127,7 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
                                  training.data_main)  # fmt: skip
     prepare_parser.add_argument("--force", action="store_true", help="prepare again even if it is there")
 
-    add_command(commands, "cells", "list the recurrence cells", cells)
+    from linrnn.evaluation import cli as evaluation
+
+    eval_parser = commands.add_parser("eval", help="is a cell any good: associative recall, loss by position")
+    evaluation.add_commands(eval_parser, add_command)
+
+    add_command(commands, "cells", "list the recurrence cells and the attention mixer", cells)
     presets_parser = add_command(commands, "presets", "list the model presets with parameter counts", presets)
     presets_parser.add_argument(
         "--cell",
@@ -300,12 +306,14 @@ def printable(char: str) -> str:
 
 
 def cells(args: argparse.Namespace) -> int:
+    """The recurrence cells, then the other mixers (softmax attention), each marked by its kind."""
     table = Table(title="linrnn cells")
-    for column in ("name", "aliases", "decay", "erase", "recurrence"):
+    for column in ("name", "kind", "aliases", "decay", "erase", "recurrence"):
         table.add_column(column)
-    for name in linrnn.list_cells():
+    for name in linrnn.list_mixers():
         spec = linrnn.get_cell(name)
-        table.add_row(spec.name, ", ".join(spec.aliases) or "-", spec.decay, spec.erase, spec.recurrence)
+        table.add_row(spec.name, spec.kind, ", ".join(spec.aliases) or "-", spec.decay or "-", spec.erase or "-",
+                      spec.recurrence)  # fmt: skip
     Console().print(table)
     return 0
 

@@ -8,7 +8,8 @@ most ``prefill_tokens`` tokens per forward unless one prompt is longer), and the
 then one step advances every slot by one token (the fused recurrent kernel reads and writes each slot's state once)
 — embedding, every layer, readout, sampling — and, on CUDA, that step is one CUDA graph replay (captured on first
 use, once for all-greedy steps and once for sampling). Slots finish and take the next request independently, without
-re-capturing.
+re-capturing. Attention layers, whose KV cache grows with every token, do not fit fixed slots: ``Engine`` refuses
+them, and ``linrnn.generate`` decodes such models.
 
 Sampling is per request: greedy (``temperature = 0``), temperature, top-k, top-p, stop tokens, a token budget and
 a seed. The random draw for the n-th new token of a request is a function of (seed, n, token id) only — a
@@ -33,6 +34,7 @@ from torch import Tensor
 from linrnn.errors import UsageError
 from linrnn.models.lm import LanguageModel, _check_prompt
 from linrnn.recurrences.base import MixerState
+from linrnn.recurrences.registry import get_cell
 
 
 class Sampling(BaseModel):
@@ -101,6 +103,14 @@ class Engine:
             raise UsageError(f"Engine: argument 'slots' must be an int >= 1, got {slots!r}")
         if not isinstance(prefill_tokens, int) or prefill_tokens < 1:
             raise UsageError(f"Engine: argument 'prefill_tokens' must be an int >= 1, got {prefill_tokens!r}")
+        growing = sorted({layer.mixer.cell for layer in model.layers
+                          if get_cell(layer.mixer.cell).kind != "recurrence"})  # fmt: skip
+        if growing:
+            raise UsageError(
+                f"Engine: argument 'model' must have recurrence layers only, whose decode state has a fixed size; got "
+                f"{', '.join(growing)} layers, whose KV cache grows with every token. Use linrnn.generate(model, "
+                f"prompt_ids, max_new_tokens) instead"
+            )
         self.prefill_tokens = prefill_tokens
         self.model = model.eval()
         self.slots = slots

@@ -75,11 +75,14 @@ def token_stream(folder: Path, split: str, tokenizer) -> torch.Tensor:
 def train(family, variant, seed, args, train_ids, valid_windows, bytes_per_token, log):
     model, loss_of, note = build(family, variant, args, seed)
     params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=args.device == "cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                                  fused=args.device == "cuda")  # fmt: skip
     warmup = max(1, args.steps // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
-    )
+    def multiplier(step: int) -> float:  # linear warmup, then cosine from 1 to 0.1
+        cosine = 0.1 + 0.45 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps))
+        return min(1.0, (step + 1) / warmup) * cosine
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
     order = torch.Generator().manual_seed(1000 + seed)  # the data order depends on the seed only, not on the model
     start = time.perf_counter()
     for step in range(1, args.steps + 1):

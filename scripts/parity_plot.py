@@ -39,8 +39,8 @@ def main(source: str, target: str) -> None:
             axis.fill_between([t / 1e6 for t in tokens], [min(points[t]) for t in tokens],
                               [max(points[t]) for t in tokens], alpha=0.2)  # fmt: skip
             last = points[tokens[-1]]
-            print(f"| {family} | {variant} | {len(last)} | {statistics.mean(last):.3f} ({min(last):.3f}–{max(last):.3f})"
-                  f" | {min(means):.3f} |")  # fmt: skip
+            spread = f"{statistics.mean(last):.3f} ({min(last):.3f}–{max(last):.3f})"
+            print(f"| {family} | {variant} | {len(last)} | {spread} | {min(means):.3f} |")
         axis.set(title=family.upper(), xlabel="training tokens (millions)", ylabel="validation loss (nats per token)")
         axis.set_ylim(top=min(axis.get_ylim()[1], 5.5))
         axis.legend()

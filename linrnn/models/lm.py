@@ -105,14 +105,18 @@ class LanguageModel(nn.Module):
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=self.config.init_std)
             if isinstance(module, ShortConv):
-                if self.config.conv_init == "normal":
-                    nn.init.normal_(module.weight, std=self.config.init_std)
-                else:
-                    nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))  # U(±1/√fan_in): Conv1d's default
+                self.init_short_conv(module, self.config)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         if self.logit_bias is not None:
             nn.init.zeros_(self.logit_bias)
+
+    @staticmethod
+    def init_short_conv(conv: ShortConv, config: ModelConfig) -> None:
+        if config.conv_init == "normal":
+            nn.init.normal_(conv.weight, std=config.init_std)
+        else:
+            nn.init.kaiming_uniform_(conv.weight, a=math.sqrt(5))  # U(±1/√fan_in): Conv1d's default
 
     def local_param_roles(self) -> dict[str, str]:
         roles = {"embed.weight": "embedding", "norm.weight": "norm", "lm_head.weight": "readout"}

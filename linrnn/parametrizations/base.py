@@ -21,6 +21,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from linrnn.recurrences.base import LinearRNNMixer
 from linrnn.recurrences.registry import param_roles
 
 Optimizer = Literal["adamw", "sgd"]
@@ -184,6 +185,8 @@ def apply(
     if pre_norm_multiplier is None:
         pre_norm_multiplier = parametrization.pre_norm_multiplier
     for layer, base_layer in zip(model.layers, base_model.layers, strict=True):
+        if not isinstance(layer.mixer, LinearRNNMixer):  # attention: no output RMSNorm for the multiplier to precede
+            continue
         # seed 000 §4.3 relative to the base width: with q̂ independent of S (seed App. C.4; measured in
         # docs/parametrizations.md) the read Sᵀq̂ is Θ(1/√d_k), and the kernels' query scale 1/√d_k makes o Θ(1/d_k)
         multiplier = layer.mixer.head_k_dim / base_layer.mixer.head_k_dim if pre_norm_multiplier else 1.0

@@ -88,12 +88,16 @@ class MixerState:
     of tokens seen (RoPE's position): an int, or a ``[B]`` tensor when rows are at different positions.
 
     ``in_place``: the state is a set of buffers (a decoding engine's slots) that the layer updates in place and
-    returns; its ``position`` is left to the caller to advance. Inference only (no autograd)."""
+    returns; its ``position`` is left to the caller to advance. Inference only (no autograd).
+
+    ``kv``: the attention mixer's cache instead (``linrnn.recurrences.attention``): keys (after RoPE) and values
+    ``[B, H, T_seen, K]``, one entry per token seen, so it grows as decoding goes on."""
 
     conv: dict[str, Tensor] = field(default_factory=dict)
     recurrent: Tensor | None = None
     position: int | Tensor = 0
     in_place: bool = False
+    kv: tuple[Tensor, Tensor] | None = None
 
 
 @dataclass
@@ -415,7 +419,9 @@ class LinearRNNMixer(nn.Module):
         q, k, v = streams.pop("q"), streams.pop("k"), streams.pop("v")
         # the recurrence runs in v's dtype (bf16 under autocast): the L2 norms compute in fp32 and return that
         q, k = (l2_normalize(h, 1e-6, v.dtype, config.backend) for h in (q, k))
-        extra = {name: l2_normalize(h, 1e-6, v.dtype, config.backend) for name, h in streams.items()}
+        # extra key streams are erase directions, which the ops take as unit rows: an eps far below ‖x‖² (FLA's 1e-6
+        # on q and k left rows of N(0, init_std²)-initialised convs 1.5% short of unit norm in bf16)
+        extra = {name: l2_normalize(h, 1e-12, v.dtype, config.backend) for name, h in streams.items()}
         return q, k, v, extra, new_history
 
     def forward(self, x: Tensor, state: MixerState | None = None, output_state: bool = False,

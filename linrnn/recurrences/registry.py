@@ -1,13 +1,19 @@
-"""Registry of recurrence cells: name → spec (decay kind, erase kind, parameter roles, defaults, mixer class)."""
+"""Registry of token mixers: name → spec (kind, decay kind, erase kind, parameter roles, defaults, mixer class).
+
+Two kinds: the recurrence cells (``list_cells``: what the kernels, the stability checker and the per-cell demos and
+tests iterate over) and softmax attention (``kind="attention"``, the Transformer baseline). ``list_mixers`` lists
+both; ``get_cell``, ``build_mixer``, ``ModelConfig(cell=...)`` and ``param_roles`` take either."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from torch import nn
 
-from linrnn.recurrences.base import SHARED_ROLES, LinearRNNMixer, MixerConfig
+from linrnn.errors import UsageError
+from linrnn.recurrences.base import SHARED_ROLES, MixerConfig, MixerOptions
 
 ROLES = ("embedding", "hidden", "gate", "gate_scalar", "norm", "bias", "readout", "gamma")
 
@@ -15,18 +21,23 @@ ROLES = ("embedding", "hidden", "gate", "gate_scalar", "norm", "bias", "readout"
 @dataclass(frozen=True)
 class CellSpec:
     name: str
-    mixer: type[LinearRNNMixer]
-    decay: Literal["none", "head", "channel"]
-    erase: Literal["off", "tied", "decoupled"]
-    recurrence: str  # the state update in FLA orientation, for docs and tables
-    cell_roles: dict[str, str]  # roles of the parameters this cell adds to the shared mixer
+    mixer: type[nn.Module]  # a LinearRNNMixer subclass for recurrences; called as mixer(MixerConfig)
+    decay: Literal["none", "head", "channel"] | None  # None: not a recurrence
+    erase: Literal["off", "tied", "decoupled"] | None
+    recurrence: str  # the state update in FLA orientation (attention: its output), for docs and tables
+    cell_roles: dict[str, str]  # roles of the parameters this cell adds to the shared mixer (attention: all of them)
     defaults: dict[str, object] = field(default_factory=dict)  # MixerOptions this cell sets differently
     aliases: tuple[str, ...] = ()
+    kind: Literal["recurrence", "attention"] = "recurrence"
+    unused_options: frozenset[str] = frozenset()  # MixerOptions the mixer does not read: build_mixer refuses them
+    # defaults that depend on the width: (hidden_size, num_heads, the options given) → MixerOptions
+    sized_defaults: Callable[[int, int, dict[str, Any]], dict[str, Any]] | None = None
 
     @property
     def roles(self) -> dict[str, str]:
-        """{parameter name inside the mixer: role} for every parameter the mixer can have."""
-        return {**SHARED_ROLES, **self.cell_roles}
+        """{parameter name inside the mixer: role} for every parameter the mixer can have (recurrences share
+        ``SHARED_ROLES``; attention declares its own)."""
+        return {**SHARED_ROLES, **self.cell_roles} if self.kind == "recurrence" else dict(self.cell_roles)
 
 
 _CELLS: dict[str, CellSpec] = {}
@@ -45,14 +56,21 @@ def register(spec: CellSpec) -> CellSpec:
 
 
 def list_cells() -> list[str]:
-    """Canonical cell names, sorted (aliases such as 'gdn' resolve through ``get_cell``)."""
-    return sorted(_CELLS)
+    """Canonical names of the recurrence cells, sorted (aliases such as 'gdn' resolve through ``get_cell``);
+    attention is not among them (``list_mixers``)."""
+    return sorted(name for name, spec in _CELLS.items() if spec.kind == "recurrence")
+
+
+def list_mixers() -> list[str]:
+    """Every registered mixer: the recurrence cells (``list_cells``), then the attention mixers, each sorted."""
+    return list_cells() + sorted(name for name, spec in _CELLS.items() if spec.kind != "recurrence")
 
 
 def canonical_name(name: str) -> str:
     if not isinstance(name, str) or (name not in _CELLS and name not in _ALIASES):
         known = list_cells() + [f"{alias} (= {target})" for alias, target in sorted(_ALIASES.items())]
-        raise ValueError(f"unknown cell {name!r}; known cells: {', '.join(known)}")
+        others = list_mixers()[len(list_cells()) :]
+        raise ValueError(f"unknown cell {name!r}; known cells: {', '.join(known)}; other mixers: {', '.join(others)}")
     return _ALIASES.get(name, name)
 
 
@@ -60,10 +78,19 @@ def get_cell(name: str) -> CellSpec:
     return _CELLS[canonical_name(name)]
 
 
-def build_mixer(name: str, hidden_size: int, num_heads: int, **options) -> LinearRNNMixer:
-    """A mixer layer of cell ``name``; ``options`` are ``MixerOptions`` fields (unknown ones raise)."""
+def build_mixer(name: str, hidden_size: int, num_heads: int, **options) -> nn.Module:
+    """A mixer layer of cell ``name``; ``options`` are ``MixerOptions`` fields (unknown ones raise, and so do
+    options the mixer does not read, ``CellSpec.unused_options``, unless given at the mixer's default)."""
     spec = get_cell(name)
-    config = MixerConfig(hidden_size=hidden_size, num_heads=num_heads, **{**spec.defaults, **options})
+    defaults = {**MixerOptions().model_dump(), **spec.defaults}
+    for option in sorted(spec.unused_options & set(options)):
+        if options[option] != defaults[option]:
+            raise UsageError(
+                f"build_mixer: option {option!r} does not apply to {spec.name} (a {spec.kind} mixer); expected it "
+                f"unset or {defaults[option]!r}, got {options[option]!r}"
+            )
+    sized = spec.sized_defaults(hidden_size, num_heads, options) if spec.sized_defaults is not None else {}
+    config = MixerConfig(hidden_size=hidden_size, num_heads=num_heads, **{**spec.defaults, **sized, **options})
     return spec.mixer(config)
 
 

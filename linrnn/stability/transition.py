@@ -83,9 +83,13 @@ def stability_cell(name: str) -> str:
     if name == "kda_f":
         return name
     try:
-        return canonical_name(name)
+        canonical = canonical_name(name)
     except ValueError as error:
         raise ValueError(f"{error}; the stability checker also knows 'kda_f'") from None
+    if canonical not in list_cells():
+        raise ValueError(f"{canonical!r} is not a recurrence (it has no transition to check); the stability checker "
+                         f"knows {', '.join(stability_cells())}")  # fmt: skip
+    return canonical
 
 
 def decay_kind(cell: str) -> str | None:

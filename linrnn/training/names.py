@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-CELLS = {"gla": "gla", "deltanet": "deltanet", "gdn": "gated_deltanet", "kda": "kda", "gammanet": "gammanet"}
+CELLS = {"gla": "gla", "deltanet": "deltanet", "gdn": "gated_deltanet", "kda": "kda", "gammanet": "gammanet",
+         "attention": "attention"}  # fmt: skip
 PARAMETRIZATIONS = {"sp": "sp", "mup": "mup", "gdn-mup": "gdn-mup"}
 # Older spellings, still accepted in config names and ``linrnn train`` flags
 SIZE_ALIASES = {f"paper{w}": f"paper-{w}" for w in (256, 384, 512, 768, 1024, 1536)}

@@ -195,3 +195,24 @@ def test_one_short_conv_equals_the_stream_modules(cell):
         else:
             assert fused_history is None and separate_history is None
         assert_same_outputs_and_weight_grads(mixer, fused, separate)
+
+
+def test_conv_init():
+    """'normal': every short-conv weight ~ N(0, init_std²) like the projections (FLA's init); 'uniform': Conv1d's
+    U(±1/√conv_size). Both draw afresh at each build, and an FLA config asks for 'normal'."""
+    from linrnn.models.fla_checkpoints import config_from_fla
+
+    def conv_weights(model):
+        return torch.cat([p.flatten() for name, p in model.named_parameters() if "_conv." in name])
+
+    torch.manual_seed(0)
+    normal = conv_weights(linrnn.build_model("gdn", hidden_size=128, init_std=0.05, conv_init="normal"))
+    assert abs(normal.std().item() - 0.05) < 0.005 and abs(normal.mean().item()) < 0.005
+    torch.manual_seed(0)
+    uniform = conv_weights(linrnn.build_model("gdn", hidden_size=128))
+    bound = 1 / 4**0.5  # conv_size 4
+    assert uniform.abs().max() <= bound and uniform.abs().max() > 0.95 * bound
+    assert abs(uniform.std().item() - bound / 3**0.5) < 0.02
+    fla = {"model_type": "gated_deltanet", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 1,
+           "num_heads": 1, "head_dim": 32}  # fmt: skip
+    assert config_from_fla(fla, intermediate_size=128).conv_init == "normal"

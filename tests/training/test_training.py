@@ -124,7 +124,7 @@ def test_configs_and_errors(corpus, tmp_path):
 
     names = configs.config_names()
     assert {"gdn_tiny_sp", "gammanet_340m_gdn-mup", "kda_1.3b_mup", "gla_paper-512_sp"} <= set(names)
-    assert len(names) == 5 * len(configs.SIZES) * 3
+    assert len(names) == len(configs.CELLS) * len(configs.SIZES) * 3
     with pytest.raises(SystemExit, match="unknown config 'gdn_huge_sp'.*size in"):
         entry.main(["--config", "gdn_huge_sp"])
     with pytest.raises(SystemExit, match="--config NAME is required"):
