@@ -16,8 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-LABELS = {"fla": "FLA 0.6.0 model", "linrnn-normal": "linrnn, conv_init=normal (default)",
-          "linrnn-uniform": "linrnn, conv_init=uniform (earlier default)"}  # fmt: skip
+LABELS = {"fla": "FLA 0.6.0 model", "linrnn-normal": "linrnn, conv_init=normal (FLA's init)",
+          "linrnn-uniform": "linrnn, conv_init=uniform (the default)"}  # fmt: skip
 
 
 def main(source: str, target: str) -> None:

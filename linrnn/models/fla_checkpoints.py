@@ -140,7 +140,6 @@ def config_from_fla(fla_config: dict[str, Any], intermediate_size: int | None = 
             tie_embeddings=fla_config.get("tie_word_embeddings", False),
             norm_eps=eps,
             init_std=fla_config.get("initializer_range", 0.02),
-            conv_init="normal",  # FLA initialises its short convs like its other matrices
             mixer=mixer,
         )
     except ValidationError as error:

@@ -199,9 +199,7 @@ def test_one_short_conv_equals_the_stream_modules(cell):
 
 def test_conv_init():
     """'normal': every short-conv weight ~ N(0, init_std²) like the projections (FLA's init); 'uniform': Conv1d's
-    U(±1/√conv_size). Both draw afresh at each build, and an FLA config asks for 'normal'."""
-    from linrnn.models.fla_checkpoints import config_from_fla
-
+    U(±1/√conv_size). Both draw afresh at each build."""
     def conv_weights(model):
         return torch.cat([p.flatten() for name, p in model.named_parameters() if "_conv." in name])
 
@@ -213,6 +211,3 @@ def test_conv_init():
     bound = 1 / 4**0.5  # conv_size 4
     assert uniform.abs().max() <= bound and uniform.abs().max() > 0.95 * bound
     assert abs(uniform.std().item() - bound / 3**0.5) < 0.02
-    fla = {"model_type": "gated_deltanet", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 1,
-           "num_heads": 1, "head_dim": 32}  # fmt: skip
-    assert config_from_fla(fla, intermediate_size=128).conv_init == "normal"
