@@ -203,7 +203,7 @@ register()
 
 def main(argv: list[str] | None = None) -> int:
     """lm-eval's command line (``argv``, default ``sys.argv[1:]``) with the model ``linrnn`` registered; a bad
-    ``model_args`` value is one line on stderr and exit status 2."""
+    ``model_args`` value or a task lm-eval does not know is one line on stderr and exit status 2."""
     from lm_eval.__main__ import cli_evaluate
 
     saved = sys.argv
@@ -213,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         cli_evaluate()
     except UsageError as error:
         print(f"python -m linrnn.evaluation.harness: {one_line(error)}", file=sys.stderr)
+        return 2
+    except ValueError as error:  # lm-eval's own refusals of its arguments, e.g. "Tasks not found: [...]"
+        if not str(error).startswith("Tasks not found"):
+            raise
+        print(f"python -m linrnn.evaluation.harness: argument --tasks: {one_line(error)}", file=sys.stderr)
         return 2
     finally:
         sys.argv = saved
