@@ -32,7 +32,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from linrnn.errors import UsageError
-from linrnn.recurrences.base import Documents, MixerConfig, MixerState, apply_rope
+from linrnn.recurrences.base import Documents, LinearRNNMixer, MixerConfig, MixerState, apply_rope
 from linrnn.recurrences.registry import CellSpec, register
 
 
@@ -56,15 +56,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, width, bias=False)
         self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
 
-    def local_param_roles(self) -> dict[str, str]:
-        """{parameter name: role}, from the registry entry."""
-        from linrnn.recurrences.registry import get_cell
-
-        roles = get_cell(self.cell).roles
-        missing = [name for name, _ in self.named_parameters() if name not in roles]
-        if missing:
-            raise ValueError(f"cell {self.cell!r}: parameters without a role: {missing}")
-        return {name: roles[name] for name, _ in self.named_parameters()}
+    local_param_roles = LinearRNNMixer.local_param_roles  # reads only the registry entry and the parameters
 
     def forward(self, x: Tensor, state: MixerState | None = None, output_state: bool = False,
                 documents: Documents | None = None) -> tuple[Tensor, MixerState | None]:  # fmt: skip
