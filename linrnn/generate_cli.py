@@ -55,7 +55,8 @@ class Text:
         if self.tokenizer is None:
             return list(text.encode("utf-8"))
         bos = self.tokenizer.token_to_id(BOS)
-        return ([] if bos is None else [bos]) + self.tokenizer.encode(text).ids
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids  # <s> once, whatever the post-processor adds
+        return ([] if bos is None else [bos]) + ids
 
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:

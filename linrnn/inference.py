@@ -9,7 +9,7 @@ then one step advances every slot by one token (the fused recurrent kernel reads
 — embedding, every layer, readout, sampling — and, on CUDA, that step is one CUDA graph replay (captured on first
 use, once for all-greedy steps and once for sampling). Slots finish and take the next request independently, without
 re-capturing. Attention layers, whose KV cache grows with every token, do not fit fixed slots: ``Engine`` refuses
-them, and ``linrnn.generate`` decodes such models.
+them, and ``decode_one`` (one request at a time, the same sampling) or ``linrnn.generate`` decodes such models.
 
 Sampling is per request: greedy (``temperature = 0``), temperature, top-k, top-p, stop tokens, a token budget and
 a seed. The random draw for the n-th new token of a request is a function of (seed, n, token id) only — a
@@ -91,6 +91,36 @@ def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, se
     gumbel = -torch.log(-torch.log(uniform_noise(seed, counter, vocab)))
     drawn = torch.where(scaled >= cutoff[:, None], scaled + gumbel, float("-inf")).argmax(dim=-1)
     return torch.where(temperature > 0, drawn, logits.argmax(dim=-1))
+
+
+@torch.no_grad()
+def decode_one(model: LanguageModel, prompt: Tensor, sampling: Sampling = DEFAULT_SAMPLING) -> Request:
+    """One request decoded token by token with the model's own state (any layers: a KV cache grows), with
+    ``Engine``'s sampling (the same ``sample`` and noise, so the same tokens as the engine for a model it takes).
+    For models the engine refuses (attention layers); returns the finished request."""
+    if not isinstance(sampling, Sampling):
+        raise UsageError(f"decode_one: argument 'sampling' must be a linrnn.inference.Sampling, got "
+                         f"{type(sampling).__name__}")  # fmt: skip
+    if not isinstance(prompt, Tensor) or prompt.dim() != 1:
+        raise UsageError(f"decode_one: argument 'prompt' must be a [T] token tensor, got "
+                         f"{type(prompt).__name__} {list(getattr(prompt, 'shape', []))}")  # fmt: skip
+    _check_prompt(prompt, model.config.vocab_size)
+    device = next(model.parameters()).device
+    request = Request(0, prompt.to(device, torch.long), sampling)
+    was_training = model.training
+    model.eval()
+    per_request = [torch.tensor([value], device=device) for value in (sampling.temperature, sampling.top_k or 0,
+                                                                      sampling.top_p or 1.0, sampling.seed)]  # fmt: skip
+    logits, state = model(request.prompt[None], return_state=True)
+    while request.finish_reason is None and sampling.max_new_tokens > 0:
+        counter = torch.tensor([len(request.tokens)], device=device)
+        token = int(sample(logits[:, -1], *per_request, counter))
+        if Engine._accept(request, token) is not None and request.finish_reason is None:
+            logits, state = model(torch.tensor([[token]], device=device), state=state, return_state=True)
+    if sampling.max_new_tokens == 0:
+        request.finish_reason = "length"
+    model.train(was_training)
+    return request
 
 
 class Engine:
@@ -244,7 +274,8 @@ class Engine:
             results.append((slot, request, token))
         return results
 
-    def _accept(self, request: Request, token: int) -> int | None:
+    @staticmethod
+    def _accept(request: Request, token: int) -> int | None:
         """Records ``token`` for ``request``; None (and finished) for a stop token."""
         setting = request.sampling
         if token in setting.stop_tokens:

@@ -92,3 +92,18 @@ def test_errors_are_one_line(tmp_path, capsys, arguments, message):
     code = main(["generate", *(names.get(a, a) for a in arguments), "--device", "cpu"])
     _, err = capsys.readouterr()
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_prompt_starts_with_one_bos_when_the_tokenizer_adds_its_own(tmp_path):
+    """A tokenizer whose post-processor prepends <s> (as many hub tokenizers do): the prompt still has one <s>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from linrnn.generate_cli import Text
+
+    vocab = {"<s>": 0, "</s>": 1, "a": 2, "b": 3, "[UNK]": 4}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    assert tokenizer.encode("a b").ids == [0, 2, 3]
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    assert Text(tmp_path).encode("a b") == [0, 2, 3]

@@ -202,8 +202,18 @@ def test_mup_and_gdn_mup_agree_under_adamw(cell):
     ]
 
 
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize(("parametrization", "optimizer", "lr"), MUP_SETTINGS)
+# GammaNet under AdamW: its read Sᵀq̂ grows with width once layer 1's q and k align with the state (slope 0.16 at
+# step 3; 0.09 with that layer's q/k frozen), which the √d_k multiplier's independence assumption does not cover
+# (docs/parametrizations.md, "Where the check fails"). Strict: the mark goes when the cell passes.
+GAMMANET_ADAMW_DRIFT = pytest.mark.xfail(strict=True, reason="GammaNet's o drifts with width under AdamW (q-k alignment)")
+COORD_CASES = [
+    pytest.param(cell, *setting, marks=GAMMANET_ADAMW_DRIFT if (cell, setting[1]) == ("gammanet", "adamw") else ())
+    for setting in MUP_SETTINGS
+    for cell in CELLS
+]
+
+
+@pytest.mark.parametrize(("cell", "parametrization", "optimizer", "lr"), COORD_CASES)
 def test_coordinates_flat_in_width_under_mup(cell, parametrization, optimizer, lr):
     """Every module output and every probe (q̂·√d_k, state·√d_k, o, β, decay, logits) keeps its size from width
     64 to 512 at init and after each of 3 steps: |slope of log size against log width| ≤ 0.15."""

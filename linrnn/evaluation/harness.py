@@ -21,7 +21,8 @@ Text becomes tokens as in ``linrnn train``: ``<s>`` then the text's tokens (``To
   splits it (the context's trailing spaces join the continuation; the whole text is tokenized once). Batches of
   ``batch_size`` rows, longest first, padded on the right, which changes nothing before a row's last token.
 - ``loglikelihood_rolling`` (text): the log-probability of all the text's tokens after ``<s>``, in one pass.
-- ``generate_until`` (context, generation kwargs): through ``linrnn.Engine`` with ``batch_size`` slots, greedy
+- ``generate_until`` (context, generation kwargs): through ``linrnn.Engine`` with ``batch_size`` slots (a model with
+  attention layers, which the engine refuses: ``linrnn.inference.decode_one``, one request at a time), greedy
   unless ``do_sample`` (then ``temperature``, ``top_k``, ``top_p``, seed 0), ending at ``</s>`` or after
   ``max_gen_toks`` tokens; the text is then cut before the first of the ``until`` strings. The engine stops on
   tokens only, so a request runs on to its ``</s>`` or its token budget.
@@ -41,7 +42,8 @@ from tqdm import tqdm
 from linrnn.errors import UsageError, one_line
 from linrnn.evaluation import checkpoints
 from linrnn.evaluation.scoring import target_log_probs
-from linrnn.inference import Engine, Sampling
+from linrnn.inference import Engine, Sampling, decode_one
+from linrnn.recurrences.registry import get_cell
 
 NAME = "linrnn"
 MODEL_ARGS = ("pretrained", "device", "dtype", "batch_size", "max_length", "max_gen_toks")
@@ -154,10 +156,14 @@ class LinrnnLM(TemplateLM):
             ))  # fmt: skip
             prompts.append(torch.tensor(prompt))
             stop_strings.append([text for text in kwargs["until"] if text])
-        if self._engine is None:
-            self._engine = Engine(self.model, slots=self.batch_size)
+        if all(get_cell(layer.mixer.cell).kind == "recurrence" for layer in self.model.layers):
+            if self._engine is None:
+                self._engine = Engine(self.model, slots=self.batch_size)
+            finished = self._engine.generate(prompts, settings)
+        else:  # attention layers: a growing KV cache, one request at a time
+            finished = [decode_one(self.model, prompt, setting) for prompt, setting in zip(prompts, settings, strict=True)]
         texts = []
-        for request, done, until in zip(requests, self._engine.generate(prompts, settings), stop_strings, strict=True):
+        for request, done, until in zip(requests, finished, stop_strings, strict=True):
             text = self.tok_decode(done.tokens)
             for stop in until:
                 text = text.split(stop, 1)[0]

@@ -27,10 +27,10 @@ class ModelConfig(BaseModel):
     norm_eps: float = Field(1e-6, gt=0)
     init_std: float = Field(0.02, gt=0)
     conv_init: Literal["normal", "uniform"] = Field(
-        "uniform",
-        description="short-conv weights: 'uniform' PyTorch's Conv1d default U(±1/√conv_size), the init the muP "
-        "coordinate checks hold with; 'normal' N(0, init_std²) like every other matrix, as FLA's models, which "
-        "learned more per token at the same config (docs/evaluation.md, 'Learning parity with FLA')",
+        "normal",
+        description="short-conv weights: 'normal' N(0, init_std²) like every other matrix, as FLA's models (learns "
+        "more per token: docs/evaluation.md, 'Learning parity with FLA'); 'uniform' PyTorch's Conv1d default "
+        "U(±1/√conv_size), linrnn's earlier default",
     )
     logit_multiplier: float = Field(1.0, gt=0, description="multiplies the logits (muP: base_width / width)")
     readout_bias: bool = Field(False, description="a learned bias per vocabulary entry, added after logit_multiplier")

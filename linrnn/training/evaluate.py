@@ -94,7 +94,10 @@ def sample(
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     # No torchtitan import here: linrnn.training.compat must patch it first (in train_main)
-    parser.add_argument("--cell", default="gdn", help="gla, deltanet, gdn, kda or gammanet (default gdn)")
+    from linrnn.training import names
+
+    cells = list(names.CELLS)
+    parser.add_argument("--cell", default="gdn", help=f"{', '.join(cells[:-1])} or {cells[-1]} (default gdn)")
     parser.add_argument("--size", default="tiny", help="tiny, paper-256 … paper-1536, 340m or 1.3b (default tiny)")
     parser.add_argument("--param", default="sp", help="sp, mup or gdn-mup (default sp)")
     parser.add_argument("--steps", type=int, default=250, help="training steps (default 250)")

@@ -19,6 +19,7 @@ from torchtitan.protocols import BaseModel
 from linrnn import parametrizations
 from linrnn.models import LanguageModel
 from linrnn.models.config import ModelConfig, model_config
+from linrnn.recurrences.base import LinearRNNMixer
 
 
 class TitanLanguageModel(BaseModel):
@@ -55,7 +56,7 @@ class TitanLanguageModel(BaseModel):
                 self.seed = config.debug.seed
 
         def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
-            return sum(p.numel() for p in model.parameters()), flops_per_token(self.model_config())
+            return sum(p.numel() for p in model.parameters()), flops_per_token(self.model_config(), seq_len=seq_len)
 
     def __init__(self, config: Config):
         super().__init__()
@@ -126,23 +127,32 @@ def _summed_loss(pred: Tensor, labels: Tensor) -> Tensor:
     return pred if pred.dim() == 0 else cross_entropy_loss(pred, labels)
 
 
-def flops_per_token(config: ModelConfig, chunk_size: int = 64) -> int:
+def flops_per_token(config: ModelConfig, chunk_size: int = 64, seq_len: int | None = None) -> int:
     """Training FLOPs per token (forward + backward = 3 × forward, 2 FLOPs per multiply-add).
 
     Matrices: 6 × (parameters outside the embedding, plus the readout's hidden × vocab when it is tied). The
     chunkwise recurrence per layer and head: the causal intra-chunk products ``Q Kᵀ`` and ``A V`` (C/2 keys on
     average: C (K + V) multiply-adds per token) and the state read and write (2 K V), so 6 × (C (K + V) / 2 +
     2 K V) per token; the WY / UT transforms of the delta rule are of the same order and are not counted.
+    Softmax attention (``attention`` layers) reads T/2 keys on average: 6 × T (K + V) / 2 per head, which needs
+    ``seq_len`` (T).
     """
     with torch.device("meta"):
         model = LanguageModel(config)
-    mixer = model.layers[0].mixer
     matrices = model.num_parameters(exclude_embeddings=True) + (
         config.hidden_size * config.vocab_size if config.tie_embeddings else 0
     )
-    k, v, heads = mixer.head_k_dim, mixer.head_v_dim, mixer.num_heads
-    recurrence = config.num_layers * heads * (chunk_size * (k + v) / 2 + 2 * k * v)
-    return int(6 * matrices + 6 * recurrence)
+    mixing = 0.0
+    for layer in model.layers:
+        mixer = layer.mixer
+        k, v, heads = mixer.head_k_dim, mixer.head_v_dim, mixer.num_heads
+        if isinstance(mixer, LinearRNNMixer):
+            mixing += heads * (chunk_size * (k + v) / 2 + 2 * k * v)
+        elif seq_len is None:
+            raise ValueError(f"flops_per_token: argument 'seq_len' is needed for the {config.cell} layers, got None")
+        else:
+            mixing += heads * seq_len * (k + v) / 2
+    return int(6 * matrices + 6 * mixing)
 
 
 def parallelize(

@@ -204,3 +204,34 @@ def test_a_folder_that_is_not_linrnns_is_one_clear_error(setup, tmp_path, monkey
     assert err.startswith("python -m linrnn.evaluation.harness: model_args pretrained: expected a linrnn run folder")
     assert harness.main([*arguments, f"pretrained={setup['run']}"]) == 0
     assert "toy_loglikelihood" in capsys.readouterr().out
+
+
+def test_generate_until_on_an_attention_model(setup, tmp_path):
+    """The engine refuses attention layers: generate_until decodes them one request at a time, greedy tokens equal
+    to the full forward's argmax, cut at the stop string."""
+    tokens = setup["tokens"]
+    torch.manual_seed(2)
+    model = small_model(tokens.tokenizer.get_vocab_size(), cell="attention")
+    run = make_run_folder(tmp_path / "attention_tiny_sp", model, setup["run"] / "tokenizer", config="attention_tiny_sp")
+    lm = harness.LinrnnLM(pretrained=str(run), device="cpu")
+    context = PROMPTS[1]
+    ids = [tokens.prefix, *tokens.encode(context)]
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    full = tokens.decode(ids[len(tokens.encode(context)) + 1 :])
+    stop = full[2:4]
+    request = lm_eval.api.instance.Instance("generate_until", {}, (context, {"until": [stop], "max_gen_toks": NEW_TOKENS,
+                                                                             "do_sample": False}), 0)  # fmt: skip
+    assert lm.generate_until([request], disable_tqdm=True) == [full.split(stop, 1)[0]]
+
+
+def test_an_unknown_task_is_one_line(setup, monkeypatch, capsys):
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(lm_eval.tasks.TaskManager,
+                                                                         include_defaults=False))  # fmt: skip
+    arguments = ["--model", "linrnn", "--tasks", "no_such_task", "--include_path", str(setup["tasks"]), "--device",
+                 "cpu", "--model_args", f"pretrained={setup['run']}"]  # fmt: skip
+    assert harness.main(arguments) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("python -m linrnn.evaluation.harness: argument --tasks: Tasks not found")
+    assert "no_such_task" in err[-1]

@@ -9,7 +9,7 @@ import torch
 
 import linrnn
 from linrnn.errors import UsageError
-from linrnn.inference import Engine, Sampling, sample
+from linrnn.inference import Engine, Sampling, decode_one, sample
 
 CELLS = linrnn.list_cells()
 
@@ -160,3 +160,30 @@ def test_cuda_graph_equals_plain_steps(cell):
         graphs = Engine(model, slots=3, cuda_graph=True).generate(batch, settings)
         plain = Engine(model, slots=3, cuda_graph=False).generate(batch, settings)
         assert [r.tokens for r in graphs] == [r.tokens for r in plain]
+
+
+@pytest.mark.parametrize("setting", [Sampling(max_new_tokens=7, temperature=0),
+                                     Sampling(max_new_tokens=7, temperature=0.9, top_p=0.9, seed=3),
+                                     Sampling(max_new_tokens=7, temperature=1.0, stop_tokens=(17, 101))])  # fmt: skip
+def test_decode_one_gives_the_engines_tokens(setting):
+    """The loop for models the engine refuses samples as the engine does: the same request, the same tokens."""
+    model = tiny("gated_deltanet")
+    for prompt in prompts(5, 9):
+        (expected,) = Engine(model, slots=2).generate([prompt], setting)
+        request = decode_one(model, prompt, setting)
+        assert (request.tokens, request.finish_reason) == (expected.tokens, expected.finish_reason)
+
+
+def test_decode_one_on_attention_is_the_argmax_of_the_full_forward():
+    """Attention's KV cache grows token by token: greedy tokens equal the full forward's argmax."""
+    model = tiny("attention")
+    (prompt,) = prompts(6)
+    request = decode_one(model, prompt, Sampling(max_new_tokens=8, temperature=0))
+    assert len(request.tokens) == 8 and request.finish_reason == "length"
+    sequence = torch.cat([prompt, torch.tensor(request.tokens)])
+    with torch.no_grad():
+        logits = model(sequence[None, :-1])
+    assert request.tokens == logits[0, len(prompt) - 1 :].argmax(-1).tolist()
+    assert decode_one(model, prompt, Sampling(max_new_tokens=0)).tokens == []
+    with pytest.raises(UsageError, match="argument 'prompt' must be a \\[T\\] token tensor, got Tensor \\[1, 6\\]"):
+        decode_one(model, prompt[None])

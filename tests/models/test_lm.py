@@ -198,16 +198,16 @@ def test_one_short_conv_equals_the_stream_modules(cell):
 
 
 def test_conv_init():
-    """'normal': every short-conv weight ~ N(0, init_std²) like the projections (FLA's init); 'uniform': Conv1d's
-    U(±1/√conv_size). Both draw afresh at each build."""
+    """'normal' (the default): every short-conv weight ~ N(0, init_std²) like the projections (FLA's init);
+    'uniform': Conv1d's U(±1/√conv_size). Both draw afresh at each build."""
     def conv_weights(model):
         return torch.cat([p.flatten() for name, p in model.named_parameters() if "_conv." in name])
 
     torch.manual_seed(0)
-    normal = conv_weights(linrnn.build_model("gdn", hidden_size=128, init_std=0.05, conv_init="normal"))
+    normal = conv_weights(linrnn.build_model("gdn", hidden_size=128, init_std=0.05))
     assert abs(normal.std().item() - 0.05) < 0.005 and abs(normal.mean().item()) < 0.005
     torch.manual_seed(0)
-    uniform = conv_weights(linrnn.build_model("gdn", hidden_size=128))
+    uniform = conv_weights(linrnn.build_model("gdn", hidden_size=128, conv_init="uniform"))
     bound = 1 / 4**0.5  # conv_size 4
     assert uniform.abs().max() <= bound and uniform.abs().max() > 0.95 * bound
     assert abs(uniform.std().item() - bound / 3**0.5) < 0.02

@@ -200,6 +200,22 @@ def test_flops_per_token_counts_the_matrices():
     assert 6 * (params + readout) < flops < 1.2 * 6 * (params + readout)
 
 
+def test_flops_per_token_of_attention_grow_with_the_sequence():
+    from linrnn.models.config import model_config
+    from linrnn.training.model import flops_per_token
+
+    config = model_config("attention", "tiny")
+    with pytest.raises(ValueError, match="argument 'seq_len' is needed for the attention layers"):
+        flops_per_token(config)
+    short, long = flops_per_token(config, seq_len=256), flops_per_token(config, seq_len=1280)
+    with torch.device("meta"):
+        from linrnn.models import LanguageModel
+
+        mixer = LanguageModel(config).layers[0].mixer
+    per_token = 6 * config.num_layers * mixer.num_heads * (mixer.head_k_dim + mixer.head_v_dim) / 2
+    assert long - short == pytest.approx(per_token * 1024, abs=2)
+
+
 def test_local_text_and_parquet_files(tmp_path):
     from linrnn.training import data
 
