@@ -28,4 +28,4 @@ timeout "$budget" python3 -m linrnn eval mqar --cells gla,deltanet,gdn,kda,gamma
 wait
 pkill -f multiprocessing.spawn  # workers of a parent stopped by timeout
 bash scripts/pack_triton_cache.sh "$TRITON_CACHE_DIR" "$out/triton_cache.tgz"
-tail -n 4 "$out"/mqar_*.txt "$out"/coord_table.txt 2>/dev/null
+tail -n 4 "$out"/mqar_*.txt $([ -f "$out/coord_table.txt" ] && echo "$out/coord_table.txt")
