@@ -93,6 +93,12 @@ def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, se
     return torch.where(temperature > 0, drawn, logits.argmax(dim=-1))
 
 
+def growing_cache_layers(model: LanguageModel) -> list[str]:
+    """The mixers of ``model`` that are not recurrences (attention: a KV cache that grows), which ``Engine``
+    refuses; empty when the engine takes the model."""
+    return sorted({layer.mixer.cell for layer in model.layers if get_cell(layer.mixer.cell).kind != "recurrence"})
+
+
 @torch.no_grad()
 def decode_one(model: LanguageModel, prompt: Tensor, sampling: Sampling = DEFAULT_SAMPLING) -> Request:
     """One request decoded token by token with the model's own state (any layers: a KV cache grows), with
@@ -133,8 +139,7 @@ class Engine:
             raise UsageError(f"Engine: argument 'slots' must be an int >= 1, got {slots!r}")
         if not isinstance(prefill_tokens, int) or prefill_tokens < 1:
             raise UsageError(f"Engine: argument 'prefill_tokens' must be an int >= 1, got {prefill_tokens!r}")
-        growing = sorted({layer.mixer.cell for layer in model.layers
-                          if get_cell(layer.mixer.cell).kind != "recurrence"})  # fmt: skip
+        growing = growing_cache_layers(model)
         if growing:
             raise UsageError(
                 f"Engine: argument 'model' must have recurrence layers only, whose decode state has a fixed size; got "

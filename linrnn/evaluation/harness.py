@@ -42,8 +42,7 @@ from tqdm import tqdm
 from linrnn.errors import UsageError, one_line
 from linrnn.evaluation import checkpoints
 from linrnn.evaluation.scoring import target_log_probs
-from linrnn.inference import Engine, Sampling, decode_one
-from linrnn.recurrences.registry import get_cell
+from linrnn.inference import Engine, Sampling, decode_one, growing_cache_layers
 
 NAME = "linrnn"
 MODEL_ARGS = ("pretrained", "device", "dtype", "batch_size", "max_length", "max_gen_toks")
@@ -156,7 +155,7 @@ class LinrnnLM(TemplateLM):
             ))  # fmt: skip
             prompts.append(torch.tensor(prompt))
             stop_strings.append([text for text in kwargs["until"] if text])
-        if all(get_cell(layer.mixer.cell).kind == "recurrence" for layer in self.model.layers):
+        if not growing_cache_layers(self.model):
             if self._engine is None:
                 self._engine = Engine(self.model, slots=self.batch_size)
             finished = self._engine.generate(prompts, settings)
