@@ -1,6 +1,6 @@
 """Compares linrnn's chunkwise-op timings of two source trees (before and after a change) from pytest-benchmark
 JSONs of benchmarks/test_chunk_gpu.py, several runs each, taken alternately in one device call
-(``scripts/gpu_compare_trees.sh`` does that).
+(``experiments/gpu_compare_trees.sh`` does that).
 
     python benchmarks/compare_runs.py --before old_1.json old_2.json --after new_1.json new_2.json
 

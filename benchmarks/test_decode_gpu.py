@@ -1,6 +1,6 @@
 """GPU decode step: one token with a carried state, linrnn's fused recurrent kernel vs FLA 0.6.0's, same run.
 
-Run on the GPU machine (FLA carried as a wheel, see scripts/gpu_bench.sh):
+Run on the GPU machine (FLA carried as a wheel, see experiments/gpu_bench.sh):
 ``python -m pytest benchmarks/test_decode_gpu.py --benchmark-only --benchmark-json=decode.json``
 then ``python benchmarks/report.py decode.json`` for the table in RESULTS.md.
 """

@@ -1,7 +1,7 @@
 """Decoding at ~340M: linrnn's ``Engine`` (CUDA graphs) against transformers' Llama ``generate`` (KV cache) and FLA
 0.6.0's ``generate``, greedy, bf16 weights, in one run.
 
-Run on the GPU machine (``bash scripts/gpu_generate.sh``)::
+Run on the GPU machine (``bash experiments/gpu_generate.sh``)::
 
     python -m pytest benchmarks/test_generate_gpu.py --benchmark-only --benchmark-json=generate.json
     python benchmarks/report.py generate.json

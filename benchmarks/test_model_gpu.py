@@ -1,6 +1,6 @@
 """Whole-model training step: linrnn's LM (eager and compiled) against FLA 0.6.0's models and a transformers Llama.
 
-Run on the GPU machine (FLA and transformers carried as wheels; ``bash scripts/gpu_model.sh`` does all of this)::
+Run on the GPU machine (FLA and transformers carried as wheels; ``bash experiments/gpu_model.sh`` does all of this)::
 
     python -m pytest benchmarks/test_model_gpu.py --benchmark-only --benchmark-json=model.json
     python benchmarks/report.py model.json

@@ -4,6 +4,7 @@ Public API::
 
     linrnn.ops.gated_delta_rule(q, k, v, g, beta)      # per-cell ops, FLA conventions
     linrnn.list_cells(), linrnn.get_cell("gdn")        # registry (the recurrence cells)
+    linrnn.register_cell(linrnn.CellSpec(...))          # a cell of your own, in your own file
     linrnn.list_mixers()                               # the cells and softmax attention ("attention")
     linrnn.build_mixer("kda", hidden_size, num_heads)  # one mixer layer
     linrnn.build_model("gdn", preset="byte-tiny")           # a language model
@@ -17,13 +18,30 @@ from linrnn.inference import Engine, Sampling
 from linrnn.kernels import ops
 from linrnn.models import ModelConfig, build_model, generate, list_presets
 from linrnn.models.fla_checkpoints import from_fla, to_fla
-from linrnn.recurrences import MixerState, build_mixer, get_cell, list_cells, list_mixers, param_roles
+from linrnn.kernels.structure import Structure
+from linrnn.recurrences import (
+    CellSpec,
+    LinearRNNMixer,
+    MixerConfig,
+    MixerState,
+    build_mixer,
+    get_cell,
+    list_cells,
+    list_mixers,
+    param_roles,
+    register_cell,
+    unregister_cell,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CellSpec",
     "Engine",
+    "LinearRNNMixer",
+    "MixerConfig",
     "Sampling",
+    "Structure",
     "MixerState",
     "ModelConfig",
     "build_mixer",
@@ -36,5 +54,7 @@ __all__ = [
     "list_presets",
     "ops",
     "param_roles",
+    "register_cell",
     "to_fla",
+    "unregister_cell",
 ]

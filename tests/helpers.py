@@ -7,38 +7,38 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from linrnn import ops
+import linrnn
 
-CELLS = ["gla", "deltanet", "gated_deltanet", "kda", "gammanet"]
-OPS = {
-    "gla": ops.gla,
-    "deltanet": ops.delta_rule,
-    "gated_deltanet": ops.gated_delta_rule,
-    "kda": ops.kda,
-    "gammanet": ops.gammanet,
-}
+CELLS = linrnn.list_cells()  # every registered recurrence cell
+OPS = {cell: linrnn.get_cell(cell).op for cell in CELLS}
+TRITON_CELLS = [cell for cell in CELLS if linrnn.ops.triton_takes(linrnn.get_cell(cell).structure)]
 
 
 def make_inputs(
     cell, *, B, T, H, K, V, dtype=torch.float64, initial_state=False, num_states=None, seed=0, gate_bias=2.0
 ):
-    """Admissible random inputs: unit keys / erase directions, g = logsigmoid(N(0,1) + gate_bias), beta ~ U(0, 2)."""
+    """Admissible random inputs for the cell's structure: unit keys and erase directions, g = logsigmoid(N(0,1) +
+    gate_bias), beta and b ~ U(0, 2), w ~ U(0, 1), log_gamma ~ N(0, 0.25)."""
+    structure = linrnn.get_cell(cell).structure
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
+    def rand(*shape):
+        return torch.rand(*shape, generator=gen, dtype=torch.float64)
+
     inputs = {"q": randn(B, T, H, K), "k": F.normalize(randn(B, T, H, K), dim=-1), "v": randn(B, T, H, V)}
-    if cell == "gammanet":
-        inputs["a"] = F.normalize(randn(B, T, H, K), dim=-1)
-    if cell in ("gla", "kda", "gammanet"):
-        inputs["g"] = F.logsigmoid(randn(B, T, H, K) + gate_bias)
-    if cell == "gated_deltanet":
-        inputs["g"] = F.logsigmoid(randn(B, T, H) + gate_bias)
-    if cell != "gla":
-        inputs["beta"] = 2 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
-    if cell == "gammanet":
-        inputs["log_gamma"] = 0.5 * randn(H, K)
+    make = {
+        "a": lambda: F.normalize(randn(B, T, H, K), dim=-1),
+        "g": lambda: F.logsigmoid(randn(B, T, H, *((K,) if structure.decay == "channel" else ())) + gate_bias),
+        "beta": lambda: 2 * rand(B, T, H),
+        "b": lambda: 2 * rand(B, T, H, K),
+        "w": lambda: rand(B, T, H, V),
+        "log_gamma": lambda: 0.5 * randn(H, K),
+    }
+    for name in structure.input_names():
+        inputs[name] = make[name]()
     if initial_state:
         inputs["initial_state"] = randn(num_states or B, H, K, V)
     for name in ("q", "k", "v", "a"):

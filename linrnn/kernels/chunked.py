@@ -2,11 +2,11 @@
 
 Recurrence (see ``reference.py``)::
 
-    S_t = (I − β_t e_t e_tᵀ) Diag(α_t) S_{t−1} + β_t w_t v_tᵀ,   α_t = exp(g_t)
+    S_t = (I − β_t e_t r_tᵀ) Diag(α_t) S_{t−1} + β_t w_t v_tᵀ,   α_t = exp(g_t),   r_t = b_t ⊙ e_t
 
 Split time into chunks of C steps. Inside a chunk let ``Γ_r = ∏_{i≤r} α_i``
 (cumulative decay from the chunk start, per channel or per head) and define
-the erased content ``u_r = −β_r S_{r−1}ᵀ Diag(α_r) e_r`` so that
+the erased content ``u_r = −β_r S_{r−1}ᵀ Diag(α_r) r_r`` so that
 ``S_r = Diag(α_r) S_{r−1} + e_r u_rᵀ + β_r w_r v_rᵀ``. Unrolling from the chunk
 start state ``S_0``::
 
@@ -15,12 +15,12 @@ start state ``S_0``::
 Substituting into the definition of u_r gives a unit lower-triangular system,
 with ``A_xy[r, i] = (x_r ⊙ Γ_r/Γ_i)·y_i``::
 
-    (I + Diag(β) A_ee) U = −Diag(β) [ (E ⊙ Γ) S_0 + A_ew Diag(β) V ]        (i < r)
+    (I + Diag(β) A_re) U = −Diag(β) [ (R ⊙ Γ) S_0 + A_rw Diag(β) V ]        (i < r)
     O   = (Q ⊙ Γ) S_0 + A_qe U + A_qw Diag(β) V                             (i ≤ r)
     S_C = Diag(Γ_C) S_0 + (E ⊙ Γ_C/Γ)ᵀ U + (W ⊙ Γ_C/Γ)ᵀ Diag(β) V
 
 With a tied erase (e = w = k) the write folds into the erased content: ``U' = U + Diag(β) V``
-solves ``(I + Diag(β) A_kk) U' = Diag(β) (V − (K ⊙ Γ) S_0)`` and then
+solves ``(I + Diag(β) A_rk) U' = Diag(β) (V − (R ⊙ Γ) S_0)`` and then
 ``O = (Q ⊙ Γ) S_0 + A_qk U'``, ``S_C = Diag(Γ_C) S_0 + (K ⊙ Γ_C/Γ)ᵀ U'`` (the WY/UT form of
 DeltaNet/GDN/KDA), three fewer matmuls per chunk.
 
@@ -63,6 +63,7 @@ def recurrence_chunked(
     g: Tensor | None = None,
     beta: Tensor | None = None,
     *,
+    erase_gate: Tensor | None = None,
     scale: float,
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
@@ -71,7 +72,8 @@ def recurrence_chunked(
 ) -> tuple[Tensor, Tensor | None]:
     """Chunkwise evaluation of ``recurrence_reference`` (same arguments, same results).
 
-    ``e is w`` (the same tensor) marks the tied case and shares the pairwise products.
+    ``e is w`` (the same tensor) marks the tied case and shares the pairwise products. ``erase_gate`` b: the
+    erase reads the state along ``r = b ⊙ e`` instead of e (module docstring).
     """
     dtype, out_dtype = compute_dtype(q.dtype), v.dtype
     tied = e is w
@@ -90,8 +92,9 @@ def recurrence_chunked(
 
     q, w, v, g, beta = (pack(x) for x in (q, w, v, g, beta))
     e = w if tied else pack(e)
+    read = e if erase_gate is None else e * pack(erase_gate)
     state = None if initial_state is None else initial_state.to(dtype)
-    o, final = _chunk_recurrence(q * scale, w, v, e, g, beta, state, tied)
+    o, final = _chunk_recurrence(q * scale, w, v, e, g, beta, state, tied, read)
     o = packer.unpack(rearrange(o, "n h c r d -> n (c r) h d"))
     return o.to(out_dtype), final if output_final_state else None
 
@@ -127,9 +130,10 @@ class _Packer:
         return x[self.valid].unsqueeze(0)
 
 
-def _chunk_recurrence(q, w, v, e, g, beta, state, tied):
+def _chunk_recurrence(q, w, v, e, g, beta, state, tied, read=None):
     """Core on chunked tensors: q, w, e ``[N, H, n, C, K]``, v ``[N, H, n, C, V]``,
-    g ``[N, H, n, C]`` (per head) or ``[N, H, n, C, K]`` (per channel), beta ``[N, H, n, C]``.
+    g ``[N, H, n, C]`` (per head) or ``[N, H, n, C, K]`` (per channel), beta ``[N, H, n, C]``; ``read``
+    ``[N, H, n, C, K]``: the vector the erase reads the state with (e unless gated).
     ``q`` is already scaled. Returns o ``[N, H, n, C, V]`` and the final state ``[N, H, K, V]``.
     """
     batch, heads, num_chunks, chunk, key_dim = q.shape
@@ -159,11 +163,12 @@ def _chunk_recurrence(q, w, v, e, g, beta, state, tied):
     write_to_end = None if tied else scaled(w, decay_to_end).transpose(-1, -2) @ weighted_v  # [N, H, n, K, V]
 
     if e is not None:
-        attn_ee = pairwise(e, e) * strictly_causal
+        read = e if read is None else read
+        attn_re = pairwise(read, e) * strictly_causal
         attn_qe = attn_qw if tied else pairwise(q, e)
-        rhs_values = weighted_v if tied else -strength[..., None] * ((pairwise(e, w) * strictly_causal) @ weighted_v)
-        system = torch.eye(chunk, dtype=q.dtype, device=q.device) + strength[..., None] * attn_ee
-        rhs = torch.cat([rhs_values, strength[..., None] * scaled(e, decay_from_start)], dim=-1)
+        rhs_values = weighted_v if tied else -strength[..., None] * ((pairwise(read, w) * strictly_causal) @ weighted_v)
+        system = torch.eye(chunk, dtype=q.dtype, device=q.device) + strength[..., None] * attn_re
+        rhs = torch.cat([rhs_values, strength[..., None] * scaled(read, decay_from_start)], dim=-1)
         solution = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
         erased_from_values, erased_per_state = solution.split([value_dim, key_dim], dim=-1)
         erase_to_end = scaled(e, decay_to_end).transpose(-1, -2)  # [N, H, n, K, C]

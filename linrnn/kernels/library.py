@@ -28,7 +28,7 @@ backward kernel on the Triton path with per-channel decay). ``d log Γ = Σ Γq 
 is a difference of nearly cancelling sums (without the erase it is exactly zero: Γ would cancel between query and
 key), so it is formed from unrounded gradients times the rounded operands the kernels used: the symmetry behind the
 cancellation holds at that rounded point, and unrounded operands beside gradients taken there double the error
-(``scripts/gammanet_fold_rounding.py``).
+(``experiments/gammanet_fold_rounding.py``).
 
 Custom ops return tensors only: an absent final state or gradient is a tensor with no elements, mapped back to None
 by the wrappers. ``cu_seqlens`` stays an opaque tensor argument (its values set the kernels' grids), so packed

@@ -2,13 +2,14 @@
 
 Per head, state ``S ∈ R^{K×V}`` (FLA orientation), for t = 1..T::
 
-    S_t = (I − β_t e_t e_tᵀ) Diag(exp g_t) S_{t−1} + β_t w_t v_tᵀ
+    S_t = (I − β_t e_t (b_t ⊙ e_t)ᵀ) Diag(exp g_t) S_{t−1} + β_t w_t v_tᵀ
     o_t = S_tᵀ (scale · q_t)
 
 ``g`` is a log-decay, per head ``[B, T, H]`` or per key channel ``[B, T, H, K]``
 (``None``: no decay). ``e`` is the erase direction (``None``: no erase, as in
 GLA; pass ``e=w`` for the tied case). ``beta`` is the write strength (``None``:
-1, as in GLA's plain ``w vᵀ`` write).
+1, as in GLA's plain ``w vᵀ`` write). ``erase_gate`` is b, the erase's gate per key channel on the side that
+reads the state (``None``: 1; Gated DeltaNet-2).
 
 Inputs are trusted here (``linrnn.kernels.ops`` validates them). The loop runs
 in fp64 for fp64 inputs and fp32 otherwise; outputs come back in ``v``'s dtype,
@@ -34,6 +35,7 @@ def recurrence_reference(
     g: Tensor | None = None,
     beta: Tensor | None = None,
     *,
+    erase_gate: Tensor | None = None,
     scale: float,
     initial_state: Tensor | None = None,
     output_final_state: bool = False,
@@ -46,7 +48,7 @@ def recurrence_reference(
     N = B, or N = number of sequences when ``cu_seqlens`` (B = 1) is given.
     """
     if cu_seqlens is None:
-        o, final = _loop(q, w, v, e, g, beta, scale, initial_state)
+        o, final = _loop(q, w, v, e, g, beta, erase_gate, scale, initial_state)
         return o, final if output_final_state else None
 
     bounds = cu_seqlens.tolist()
@@ -60,6 +62,7 @@ def recurrence_reference(
             None if e is None else e[:, piece],
             None if g is None else g[:, piece],
             None if beta is None else beta[:, piece],
+            None if erase_gate is None else erase_gate[:, piece],
             scale,
             None if initial_state is None else initial_state[n : n + 1],
         )
@@ -68,7 +71,7 @@ def recurrence_reference(
     return torch.cat(outputs, dim=1), torch.cat(finals) if output_final_state else None
 
 
-def _loop(q, w, v, e, g, beta, scale, initial_state):
+def _loop(q, w, v, e, g, beta, erase_gate, scale, initial_state):
     dtype = compute_dtype(q.dtype)
     batch, steps, heads, key_dim = q.shape
     value_dim, out_dtype = v.shape[-1], v.dtype
@@ -76,6 +79,7 @@ def _loop(q, w, v, e, g, beta, scale, initial_state):
     e = None if e is None else e.to(dtype)
     g = None if g is None else g.to(dtype)
     beta = None if beta is None else beta.to(dtype)
+    read = None if e is None else e if erase_gate is None else e * erase_gate.to(dtype)  # reads the state
 
     if initial_state is None:
         state = q.new_zeros(batch, heads, key_dim, value_dim)
@@ -89,7 +93,7 @@ def _loop(q, w, v, e, g, beta, scale, initial_state):
             state = decay * state
         strength = 1.0 if beta is None else beta[:, t, :, None, None]  # [B, H, 1, 1]
         if e is not None:
-            recalled = torch.einsum("bhk,bhkv->bhv", e[:, t], state)
+            recalled = torch.einsum("bhk,bhkv->bhv", read[:, t], state)
             state = state - strength * e[:, t, :, :, None] * recalled[:, :, None, :]
         state = state + strength * w[:, t, :, :, None] * v[:, t, :, None, :]
         outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, state))

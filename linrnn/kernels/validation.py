@@ -61,19 +61,19 @@ def check_cu_seqlens(op: str, cu_seqlens: Tensor, batch: int, steps: int, device
     return len(bounds) - 1
 
 
-def check_gate_values(op: str, g: Tensor | None, beta: Tensor | None, max_beta: float = 2.0) -> None:
-    """Content checks: finite gates, log-decay ≤ 0, beta in [0, max_beta]."""
-    if g is not None:
-        if not torch.isfinite(g).all():
-            fail(op, "argument 'g' (log-decay) must be finite, got non-finite values")
-        if (g > 0).any():
-            fail(op, f"argument 'g' (log-decay) must be <= 0, got max {g.max().item():.4g}")
-    if beta is not None:
-        if not torch.isfinite(beta).all():
-            fail(op, "argument 'beta' must be finite, got non-finite values")
-        low, high = beta.min().item(), beta.max().item()
-        if low < 0 or high > max_beta:
-            fail(op, f"argument 'beta' must lie in [0, {max_beta:g}], got range [{low:.4g}, {high:.4g}]")
+def check_range(op: str, name: str, x: Tensor, low: float | None = None, high: float | None = None,
+                what: str = "") -> None:  # fmt: skip
+    """Content check: ``x`` finite and within [low, high] (a bound of None is open); ``what`` describes it."""
+    label = f"argument {name!r}" + (f" ({what})" if what else "")
+    if not torch.isfinite(x).all():
+        fail(op, f"{label} must be finite, got non-finite values")
+    below, above = low is not None and (x < low).any(), high is not None and (x > high).any()
+    if (below or above) and low is not None and high is not None:
+        fail(op, f"{label} must lie in [{low:g}, {high:g}], got range [{x.min().item():.4g}, {x.max().item():.4g}]")
+    if below:
+        fail(op, f"{label} must be >= {low:g}, got min {x.min().item():.4g}")
+    if above:
+        fail(op, f"{label} must be <= {high:g}, got max {x.max().item():.4g}")
 
 
 def check_unit_rows(op: str, name: str, x: Tensor) -> None:
@@ -100,6 +100,6 @@ __all__ = [
     "check_same",
     "check_tensor",
     "check_unit_rows",
-    "check_gate_values",
+    "check_range",
     "fail",
 ]

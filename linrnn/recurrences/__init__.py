@@ -1,8 +1,27 @@
 """Token mixers: one file per recurrence cell, and softmax attention, each registering a ``CellSpec``."""
 
-from linrnn.recurrences import attention, deltanet, gammanet, gated_deltanet, gla, kda  # noqa: F401  (registration)
+from linrnn.recurrences import (  # noqa: F401  (registration)
+    attention,
+    deltanet,
+    gammanet,
+    gated_deltanet,
+    gdn2,
+    gla,
+    kda,
+    mamba2,
+)
 from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, MixerOptions, MixerState
-from linrnn.recurrences.registry import ROLES, CellSpec, build_mixer, get_cell, list_cells, list_mixers, param_roles
+from linrnn.recurrences.registry import (
+    ROLES,
+    CellSpec,
+    build_mixer,
+    get_cell,
+    list_cells,
+    list_mixers,
+    param_roles,
+    register_cell,
+    unregister_cell,
+)
 
 __all__ = [
     "ROLES",
@@ -16,4 +35,6 @@ __all__ = [
     "list_cells",
     "list_mixers",
     "param_roles",
+    "register_cell",
+    "unregister_cell",
 ]

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from linrnn.errors import UsageError
 from linrnn.recurrences.base import Documents, LinearRNNMixer, MixerConfig, MixerState, apply_rope
-from linrnn.recurrences.registry import CellSpec, register
+from linrnn.recurrences.registry import CellSpec, register_cell
 
 
 class Attention(nn.Module):
@@ -148,16 +148,15 @@ def head_dims(hidden_size: int, num_heads: int, options: dict[str, Any]) -> dict
     return {"head_k_dim": head, "head_v_dim": head}
 
 
-SPEC = register(
+SPEC = register_cell(
     CellSpec(
         name="attention",
         mixer=Attention,
-        decay=None,
-        erase=None,
-        recurrence="o_t = Σ_{s≤t} softmax_s(q_t·k_s / √K) v_s (state: a KV cache, grows with t)",
+        structure=None,
+        description="Causal softmax attention with RoPE: the Transformer baseline",
+        equation="o_t = Σ_{s≤t} softmax_s(q_t·k_s / √K) v_s (state: a KV cache, grows with t)",
         cell_roles={f"{name}.weight": "hidden" for name in ("q_proj", "k_proj", "v_proj", "o_proj")},
         defaults={"use_short_conv": False, "use_rope": True},
-        kind="attention",
         unused_options=RECURRENCE_ONLY_OPTIONS,
         sized_defaults=head_dims,
     )

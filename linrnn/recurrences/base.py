@@ -248,10 +248,12 @@ PROJECTION_ALIGNMENT = 64  # columns: the fused projection's rows stay 128-byte 
 class LinearRNNMixer(nn.Module):
     """Token mixer shared by all cells; subclasses add their gate parameters and implement ``gates``."""
 
-    cell: str  # registry name, set by each subclass
-    op: staticmethod  # the cell's op in linrnn.ops, called as op(q, k, v, **gates(projected, k, extra), **options)
+    spec: Any  # the cell's CellSpec (its op is spec.op), and its registry name: both set by register_cell
+    cell: str
     extra_key_streams: tuple[str, ...] = ()  # e.g. ("a",): projected, convolved and L2-normed like k
     gate_inputs: tuple[str, ...] = ()  # the cell's projections of x (``<name>_proj``), in the layer's one GEMM
+    normalize_keys: bool = True  # L2-normalise q and k (Mamba-2's C and B are not)
+    scale: float | None = None  # the op's query scale (None: K ** -0.5)
 
     def __init__(self, config: MixerConfig):
         super().__init__()
@@ -284,9 +286,7 @@ class LinearRNNMixer(nn.Module):
 
     def local_param_roles(self) -> dict[str, str]:
         """{parameter name: role}, from this cell's registry entry."""
-        from linrnn.recurrences.registry import get_cell
-
-        roles = get_cell(self.cell).roles
+        roles = self.spec.roles
         missing = [name for name, _ in self.named_parameters() if name not in roles]
         if missing:
             raise ValueError(f"cell {self.cell!r}: parameters without a role: {missing}")
@@ -309,8 +309,15 @@ class LinearRNNMixer(nn.Module):
         raise NotImplementedError
 
     def erase_direction(self, k: Tensor, extra: dict[str, Tensor]) -> Tensor | None:
-        """The unit erase direction ``[B, T, H, K]`` of the recurrence: k for tied erase, None without erase."""
-        return k
+        """The unit erase direction ``[B, T, H, K]`` of the recurrence (from the cell's structure): k for a tied
+        erase, the first extra key stream for a decoupled one, None without erase."""
+        erase = self.spec.structure.erase
+        return None if erase == "off" else k if erase == "tied" else extra[self.extra_key_streams[0]]
+
+    def combine(self, o: Tensor, v: Tensor) -> Tensor:
+        """The recurrence output ``[B, T, H, V]`` as the output norm reads it, given the values ``v`` (Mamba-2 adds
+        its skip ``D v`` here)."""
+        return o
 
     def recurrence_inputs(self, x: Tensor, state: MixerState | None = None) -> dict[str, Tensor]:
         """What the recurrence sees for input ``x`` ``[B, T, hidden]``: the gates (``gates``) and ``erase``
@@ -418,7 +425,10 @@ class LinearRNNMixer(nn.Module):
                 streams[name] = apply_rope(streams[name], position, config.rope_theta, positions)
         q, k, v = streams.pop("q"), streams.pop("k"), streams.pop("v")
         # the recurrence runs in v's dtype (bf16 under autocast): the L2 norms compute in fp32 and return that
-        q, k = (l2_normalize(h, 1e-6, v.dtype, config.backend) for h in (q, k))
+        if self.normalize_keys:
+            q, k = (l2_normalize(h, 1e-6, v.dtype, config.backend) for h in (q, k))
+        else:
+            q, k = q.to(v.dtype), k.to(v.dtype)
         # extra key streams are erase directions, which the ops take as unit rows: an eps far below ‖x‖² (FLA's 1e-6
         # on q and k left rows of N(0, init_std²)-initialised convs 1.5% short of unit norm in bf16)
         extra = {name: l2_normalize(h, 1e-12, v.dtype, config.backend) for name, h in streams.items()}
@@ -437,11 +447,12 @@ class LinearRNNMixer(nn.Module):
         if self.gate_stats is not None:  # training metrics; tensors, so reading them is the only sync
             self.gate_stats.update({"beta": gates["beta"].detach().mean()} if "beta" in gates else {})
             self.gate_stats.update({"decay": gates["g"].detach().exp().mean()} if "g" in gates else {})
-        o, recurrent = self.op(
+        o, recurrent = self.spec.op(
             q,
             k,
             v,
             **gates,
+            scale=self.scale,
             initial_state=state.recurrent if state is not None else None,
             output_final_state=output_state or self.probes is not None,
             cu_seqlens=None if documents is None else documents.cu_seqlens,
@@ -449,6 +460,7 @@ class LinearRNNMixer(nn.Module):
             chunk_size=self.config.chunk_size,
             update_state_in_place=in_place,
         )
+        o = self.combine(o, v)
         gate = rearrange(projected["g"], "b t (h d) -> b t h d", h=self.num_heads)
         if self.config.output_multiplier != 1:
             o = o * self.config.output_multiplier

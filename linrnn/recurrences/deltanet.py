@@ -6,11 +6,10 @@ from torch import nn
 
 from linrnn.kernels import ops
 from linrnn.recurrences.base import LinearRNNMixer, MixerConfig
-from linrnn.recurrences.registry import CellSpec, register
+from linrnn.recurrences.registry import CellSpec, register_cell
 
 
 class DeltaNet(LinearRNNMixer):
-    op = staticmethod(ops.delta_rule)
     gate_inputs = ("b",)
 
     def __init__(self, config: MixerConfig):
@@ -21,13 +20,13 @@ class DeltaNet(LinearRNNMixer):
         return {"beta": self.write_strength(projected["b"])}
 
 
-SPEC = register(
+SPEC = register_cell(
     CellSpec(
         name="deltanet",
         mixer=DeltaNet,
-        decay="none",
-        erase="tied",
-        recurrence="S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ",
+        structure=ops.DELTA_RULE,
+        description="DeltaNet: the delta rule, no decay",
+        fla="delta_net",
         cell_roles={"b_proj.weight": "gate"},
     )
 )

@@ -16,11 +16,10 @@ from torch import nn
 
 from linrnn.kernels import ops
 from linrnn.recurrences.kda import CHANNEL_GATE_ROLES, KimiDeltaAttention
-from linrnn.recurrences.registry import CellSpec, register
+from linrnn.recurrences.registry import CellSpec, register_cell
 
 
 class GammaNet(KimiDeltaAttention):
-    op = staticmethod(ops.gammanet)
     extra_key_streams = ("a",)
 
     def __init__(self, config):
@@ -30,17 +29,14 @@ class GammaNet(KimiDeltaAttention):
     def gates(self, projected, k, extra):
         return {"a": extra["a"], **super().gates(projected, k, extra), "log_gamma": self.log_gamma}
 
-    def erase_direction(self, k, extra):
-        return extra["a"]
 
 
-SPEC = register(
+SPEC = register_cell(
     CellSpec(
         name="gammanet",
         mixer=GammaNet,
-        decay="channel",
-        erase="decoupled",
-        recurrence="S_t = (I − β_t Γ a_t a_tᵀ Γ⁻¹) Diag(exp g_t) S_{t−1} + β_t k_t v_tᵀ",
+        structure=ops.GAMMANET,
+        description="GammaNet: KDA with a decoupled, Γ-conjugated erase direction",
         cell_roles={**CHANNEL_GATE_ROLES, "a_proj.weight": "hidden", "a_conv.weight": "hidden", "log_gamma": "gamma"},
     )
 )

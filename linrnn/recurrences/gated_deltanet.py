@@ -10,11 +10,10 @@ from torch import nn
 from linrnn.kernels import ops
 from linrnn.kernels.fused import mamba_gates
 from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params
-from linrnn.recurrences.registry import CellSpec, register
+from linrnn.recurrences.registry import CellSpec, register_cell
 
 
 class GatedDeltaNet(LinearRNNMixer):
-    op = staticmethod(ops.gated_delta_rule)
     gate_inputs = ("f", "b")
 
     def __init__(self, config: MixerConfig):
@@ -30,13 +29,13 @@ class GatedDeltaNet(LinearRNNMixer):
         return {"g": g, "beta": beta}  # [B, T, H] each
 
 
-SPEC = register(
+SPEC = register_cell(
     CellSpec(
         name="gated_deltanet",
         mixer=GatedDeltaNet,
-        decay="head",
-        erase="tied",
-        recurrence="S_t = (I − β_t k_t k_tᵀ) exp(g_t) S_{t−1} + β_t k_t v_tᵀ",
+        structure=ops.GATED_DELTA_RULE,
+        description="Gated DeltaNet: the delta rule with a decay per head",
+        fla="gated_deltanet",
         cell_roles={
             "f_proj.weight": "gate",
             "b_proj.weight": "gate",

@@ -8,13 +8,12 @@ from torch import nn
 
 from linrnn.kernels import ops
 from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, at_least_fp32
-from linrnn.recurrences.registry import CellSpec, register
+from linrnn.recurrences.registry import CellSpec, register_cell
 
 GATE_NORMALIZER = 16  # GLA's logsigmoid(·)/16 keeps the decay close to 1 at init
 
 
 class GatedLinearAttention(LinearRNNMixer):
-    op = staticmethod(ops.gla)
     gate_inputs = ("f",)
 
     def __init__(self, config: MixerConfig):
@@ -29,17 +28,14 @@ class GatedLinearAttention(LinearRNNMixer):
         pre = at_least_fp32(rearrange(projected["f"], "b t (h k) -> b t h k", h=self.num_heads))
         return {"g": F.logsigmoid(pre) / GATE_NORMALIZER}
 
-    def erase_direction(self, k, extra):
-        return None
 
-
-SPEC = register(
+SPEC = register_cell(
     CellSpec(
         name="gla",
         mixer=GatedLinearAttention,
-        decay="channel",
-        erase="off",
-        recurrence="S_t = Diag(exp g_t) S_{t−1} + k_t v_tᵀ",
+        structure=ops.GLA,
+        description="Gated linear attention: per-channel decay, no erase",
+        fla="gla",
         cell_roles={"f_proj.0.weight": "gate", "f_proj.1.weight": "gate", "f_proj.1.bias": "bias"},
         defaults={"gate_low_rank": 16},
     )

@@ -12,11 +12,10 @@ from torch import nn
 from linrnn.kernels import ops
 from linrnn.kernels.fused import mamba_gates
 from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params
-from linrnn.recurrences.registry import CellSpec, register
+from linrnn.recurrences.registry import CellSpec, register_cell
 
 
 class KimiDeltaAttention(LinearRNNMixer):
-    op = staticmethod(ops.kda)
     gate_inputs = ("f", "b")
 
     def __init__(self, config: MixerConfig):
@@ -44,13 +43,13 @@ CHANNEL_GATE_ROLES = {
     "dt_bias": "gate_scalar",
 }
 
-SPEC = register(
+SPEC = register_cell(
     CellSpec(
         name="kda",
         mixer=KimiDeltaAttention,
-        decay="channel",
-        erase="tied",
-        recurrence="S_t = (I − β_t k_t k_tᵀ) Diag(exp g_t) S_{t−1} + β_t k_t v_tᵀ",
+        structure=ops.KDA,
+        description="Kimi Delta Attention: the delta rule with a decay per key channel",
+        fla="kda",
         cell_roles=CHANNEL_GATE_ROLES,
     )
 )

@@ -1,37 +1,78 @@
-"""Registry of token mixers: name → spec (kind, decay kind, erase kind, parameter roles, defaults, mixer class).
+"""Registry of token mixers: name → ``CellSpec``, the one place a cell is described.
 
-Two kinds: the recurrence cells (``list_cells``: what the kernels, the stability checker and the per-cell demos and
-tests iterate over) and softmax attention (``kind="attention"``, the Transformer baseline). ``list_mixers`` lists
-both; ``get_cell``, ``build_mixer``, ``ModelConfig(cell=...)`` and ``param_roles`` take either."""
+A spec states the recurrence's structure (``linrnn.kernels.structure.Structure``: decay, erase, gates,
+conjugation), from which everything else reads the cell: its op and the op's input checks (``CellSpec.op``), its
+equation, its stability transition and certificate (``linrnn.stability``), its gate inputs and parameter roles
+(``linrnn.parametrizations``), training config names (``linrnn.training.names``), its FLA counterpart, the CLI's
+lists and the tests' parametrisation. ``register_cell`` adds a user's cell from the user's own file.
+
+Two kinds: the recurrence cells (``list_cells``) and softmax attention (a spec without a structure, the Transformer
+baseline). ``list_mixers`` lists both; ``get_cell``, ``build_mixer``, ``ModelConfig(cell=...)`` and ``param_roles``
+take either."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from linrnn.errors import UsageError
-from linrnn.recurrences.base import SHARED_ROLES, MixerConfig, MixerOptions
+from linrnn.kernels import ops
+from linrnn.kernels.structure import Certificate, Structure, certificate
+from linrnn.recurrences.base import SHARED_ROLES, LinearRNNMixer, MixerConfig, MixerOptions
 
 ROLES = ("embedding", "hidden", "gate", "gate_scalar", "norm", "bias", "readout", "gamma")
 
 
 @dataclass(frozen=True)
 class CellSpec:
+    """A token mixer: its name, layer class, recurrence structure (None: attention), parameter roles and defaults."""
+
     name: str
     mixer: type[nn.Module]  # a LinearRNNMixer subclass for recurrences; called as mixer(MixerConfig)
-    decay: Literal["none", "head", "channel"] | None  # None: not a recurrence
-    erase: Literal["off", "tied", "decoupled"] | None
-    recurrence: str  # the state update in FLA orientation (attention: its output), for docs and tables
+    structure: Structure | None  # None: not a recurrence (attention)
     cell_roles: dict[str, str]  # roles of the parameters this cell adds to the shared mixer (attention: all of them)
     defaults: dict[str, object] = field(default_factory=dict)  # MixerOptions this cell sets differently
     aliases: tuple[str, ...] = ()
-    kind: Literal["recurrence", "attention"] = "recurrence"
+    description: str = ""  # one line: what the cell is
+    equation: str | None = None  # attention's output; a recurrence's comes from its structure
+    fla: str | None = None  # the model_type of FLA's model with this mixer's layout, if any
     unused_options: frozenset[str] = frozenset()  # MixerOptions the mixer does not read: build_mixer refuses them
     # defaults that depend on the width: (hidden_size, num_heads, the options given) → MixerOptions
     sized_defaults: Callable[[int, int, dict[str, Any]], dict[str, Any]] | None = None
+
+    @property
+    def kind(self) -> str:
+        return "attention" if self.structure is None else "recurrence"
+
+    @property
+    def decay(self) -> str | None:
+        return None if self.structure is None else self.structure.decay
+
+    @property
+    def erase(self) -> str | None:
+        return None if self.structure is None else self.structure.erase
+
+    @property
+    def recurrence(self) -> str:
+        """The state update in FLA orientation (attention: its output), for docs and tables."""
+        return self.equation if self.structure is None else self.structure.equation()
+
+    @property
+    def certificate(self) -> Certificate | None:
+        return None if self.structure is None else certificate(self.structure)
+
+    @property
+    def config_name(self) -> str:
+        """The cell's name in training config names: its first alias (``gdn``), else its name."""
+        return self.aliases[0] if self.aliases else self.name
+
+    @property
+    def gate_inputs(self) -> tuple[str, ...]:
+        """The cell's own projections of the layer input (``<name>_proj``)."""
+        return tuple(getattr(self.mixer, "gate_inputs", ()))
 
     @property
     def roles(self) -> dict[str, str]:
@@ -39,20 +80,53 @@ class CellSpec:
         ``SHARED_ROLES``; attention declares its own)."""
         return {**SHARED_ROLES, **self.cell_roles} if self.kind == "recurrence" else dict(self.cell_roles)
 
+    def op(self, q: Tensor, k: Tensor, v: Tensor, **inputs: Any) -> tuple[Tensor, Tensor | None]:
+        """The cell's recurrence: ``op(q, k, v, <structure.input_names()>=..., <ops options>)`` → (o, final
+        state), with the checks of ``linrnn.ops`` (each error names the argument, the expected and the actual)."""
+        if self.structure is None:
+            raise UsageError(f"{self.name} is not a recurrence: it has no op")
+        given = {name: inputs.pop(name) for name in list(inputs) if name not in ops.OPTIONS}
+        return ops.run(self.structure, f"cell {self.name!r}", q, k, v, given, ops._options(inputs))
+
 
 _CELLS: dict[str, CellSpec] = {}
 _ALIASES: dict[str, str] = {}
 
 
-def register(spec: CellSpec) -> CellSpec:
+def register_cell(spec: CellSpec) -> CellSpec:
+    """Adds ``spec`` to the registry; returns it. For a recurrence, ``spec.mixer`` subclasses ``LinearRNNMixer``.
+    Every part of linrnn then takes the name: ``build_model``, ``get_cell(name).op``, ``linrnn.stability``,
+    ``linrnn.parametrizations``, the training configs and ``linrnn eval``."""
+    if not isinstance(spec, CellSpec):
+        raise UsageError(f"register_cell: expected a CellSpec, got {type(spec).__name__}")
+    taken = [name for name in (spec.name, *spec.aliases) if name in _CELLS or name in _ALIASES]
+    if taken:
+        raise UsageError(f"register_cell: name {taken[0]!r} is taken (registered: {', '.join(sorted(_CELLS))}); "
+                         f"unregister_cell it first")  # fmt: skip
     unknown = sorted(set(spec.cell_roles.values()) - set(ROLES))
     if unknown:
-        raise ValueError(f"cell {spec.name!r}: unknown roles {unknown}; known roles are {list(ROLES)}")
+        raise UsageError(f"register_cell({spec.name!r}): unknown roles {unknown}; known roles are {list(ROLES)}")
+    if spec.structure is not None and not (isinstance(spec.mixer, type) and issubclass(spec.mixer, LinearRNNMixer)):
+        raise UsageError(f"register_cell({spec.name!r}): a recurrence's mixer must subclass LinearRNNMixer, got "
+                         f"{spec.mixer!r}")  # fmt: skip
+    if "spec" in vars(spec.mixer):
+        raise UsageError(f"register_cell({spec.name!r}): {spec.mixer.__name__} is already registered as "
+                         f"{spec.mixer.spec.name!r}; subclass it for a second cell")  # fmt: skip
+    spec.mixer.spec = spec
     spec.mixer.cell = spec.name
     _CELLS[spec.name] = spec
     for alias in spec.aliases:
         _ALIASES[alias] = spec.name
     return spec
+
+
+def unregister_cell(name: str) -> None:
+    """Removes a registered cell and its aliases (tests register cells of their own)."""
+    spec = get_cell(name)
+    del _CELLS[spec.name]
+    for alias in spec.aliases:
+        del _ALIASES[alias]
+    del spec.mixer.spec, spec.mixer.cell
 
 
 def list_cells() -> list[str]:

@@ -27,7 +27,7 @@ from linrnn.stability.measures import (
 )
 from linrnn.stability.model import LayerReport, check_model, model_inputs
 from linrnn.stability.transition import (
-    CERTIFICATES,
+    cell_certificate,
     certificate_metric,
     natural_metric,
     stability_cells,
@@ -48,7 +48,7 @@ def seed_example() -> dict[str, torch.Tensor]:
 
 
 __all__ = [
-    "CERTIFICATES",
+    "cell_certificate",
     "LayerReport",
     "StabilityReport",
     "adversarial_inputs",

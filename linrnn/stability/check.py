@@ -41,7 +41,7 @@ from linrnn.stability.measures import (
     spectral_radius,
 )
 from linrnn.stability.transition import (
-    CERTIFICATES,
+    cell_certificate,
     certificate_metric,
     decay_kind,
     natural_metric,
@@ -53,8 +53,12 @@ from linrnn.stability.transition import (
 TOLERANCE = 1e-9  # fp64 slack on every bound (‖A‖₂ = 1 exactly at α = 1, β = 0 comes out as 1 ± 1e-15)
 
 
-def within_certificate(spectral_radius: float, certificate_norm: float, growth_ratio: float) -> bool:
-    """The certificate's verdict: ρ ≤ 1, norm in its metric ≤ 1 and growth ≤ its bound, each up to TOLERANCE."""
+def within_certificate(spectral_radius: float, certificate_norm: float, growth_ratio: float,
+                       metric: str = "euclidean") -> bool:  # fmt: skip
+    """The certificate's verdict, each bound up to TOLERANCE: ρ ≤ 1, and unless the certificate is ``"spectral"``
+    (ρ only) the norm in its metric ≤ 1 and growth ≤ its bound."""
+    if metric == "spectral":
+        return spectral_radius <= 1 + TOLERANCE
     return max(spectral_radius, certificate_norm, growth_ratio) <= 1 + TOLERANCE
 
 
@@ -95,7 +99,8 @@ class StabilityReport:
 
     @property
     def passed(self) -> bool:
-        return within_certificate(self.max_spectral_radius, self.max_certificate_norm, self.max_growth_ratio)
+        return within_certificate(self.max_spectral_radius, self.max_certificate_norm, self.max_growth_ratio,
+                                  cell_certificate(self.cell).metric)  # fmt: skip
 
     @property
     def verdict(self) -> str:
@@ -128,7 +133,7 @@ def measure(cell: str, inputs: dict[str, Tensor], generator: torch.Generator | N
     natural = natural_metric(name, **shared) if shared else None
     euclidean = operator_norm(A)
     in_natural = euclidean if natural is None else natural_norm(A, natural[:, None])  # [N, 1, K, K] per step
-    certified_natural = CERTIFICATES[name].metric == "natural"
+    certified_natural = cell_certificate(name).metric == "natural"
     return Measured(
         inputs=inputs,
         spectral_radius=spectral_radius(A),
@@ -159,6 +164,11 @@ def random_inputs(cell: str, sequences: int, horizon: int, key_dim: int, *, beta
         pick = torch.rand(shape, **options)
         edges = torch.where(pick < 0.05, 0.0, torch.where(pick < 0.1, 1.0, beta_max))
         inputs["beta"] = torch.where(pick < 0.15, edges.clamp(max=beta_max), beta)
+    if "erase_gate" in needs:  # per channel, drawn as beta
+        gate = torch.rand(shape + (key_dim,), **options) * beta_max
+        pick = torch.rand(shape + (key_dim,), **options)
+        edges = torch.where(pick < 0.05, 0.0, torch.where(pick < 0.1, 1.0, beta_max))
+        inputs["erase_gate"] = torch.where(pick < 0.15, edges.clamp(max=beta_max), gate)
     if "erase" in needs:
         inputs["erase"] = F_.normalize(torch.randn(shape + (key_dim,), **options), dim=-1)
     if "gamma" in needs:
@@ -209,6 +219,8 @@ class _SearchSpace(torch.nn.Module):
                                          shift=2)  # fmt: skip
         if "beta" in needs:
             self.params["beta"] = param(*shape, scale=2)
+        if "erase_gate" in needs:
+            self.params["erase_gate"] = param(*shape, key_dim, scale=2)
         if "erase" in needs:
             self.params["erase"] = param(*shape, key_dim)
         if "gamma" in needs:
@@ -230,6 +242,8 @@ class _SearchSpace(torch.nn.Module):
             inputs["decay"] = torch.sigmoid(p["decay"])
         if "beta" in p:
             inputs["beta"] = self.beta_max * torch.sigmoid(p["beta"])
+        if "erase_gate" in p:
+            inputs["erase_gate"] = self.beta_max * torch.sigmoid(p["erase_gate"])
         if "erase" in p:
             inputs["erase"] = F_.normalize(p["erase"], dim=-1)
         if "gamma" in p:
@@ -347,7 +361,7 @@ class _Worst:
             cell=self.cell,
             key_dim=key_dim,
             horizon=horizon,
-            bound=CERTIFICATES[self.cell].text,
+            bound=cell_certificate(self.cell).text,
             max_spectral_radius=value["spectral_radius"],
             max_norm=value["norm"],
             max_natural_norm=value["natural_norm"],

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from linrnn.recurrences.base import LinearRNNMixer
 from linrnn.stability.check import measure, within_certificate
-from linrnn.stability.transition import CERTIFICATES
+from linrnn.stability.transition import cell_certificate, needed_inputs
 
 
 @dataclass
@@ -52,24 +52,22 @@ def model_inputs(model: nn.Module, input_ids: Tensor) -> list[tuple[str, dict[st
     finally:
         for handle in handles:
             handle.remove()
-    return [(cell, _as_sequences(raw)) for cell, raw in captured]
+    return [(cell, _as_sequences(cell, raw)) for cell, raw in captured]
 
 
-def _as_sequences(raw: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Mixer gates ``[B, T, H, ...]`` (log_gamma ``[H, K]``) → transition inputs ``[B·H, T, ...]`` in fp64."""
+def _as_sequences(cell: str, raw: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Mixer gates ``[B, T, H, ...]`` (log_gamma ``[H, K]``) → the inputs of ``cell``'s ``transition``
+    ``[B·H, T, ...]`` in fp64 (gates that do not enter the transition, such as a write gate, are left out)."""
+    needs = needed_inputs(cell)
+    targets = {"g": "decay", "beta": "beta", "b": "erase_gate", "erase": "erase"}
     inputs = {}
     batch = next(x for x in raw.values() if x.dim() >= 3).shape[0]
     for name, x in raw.items():
         x = x.detach().to(torch.float64)
-        if name == "log_gamma":
+        if name == "log_gamma" and "gamma" in needs:
             inputs["gamma"] = rearrange(x.exp(), "h k -> h 1 k").repeat(batch, 1, 1)
-            continue
-        target = {"g": "decay", "beta": "beta", "erase": "erase", "a": None}[name]
-        if target is None:  # GammaNet's a is its erase direction, captured as "erase"
-            continue
-        if name == "g":
-            x = x.exp()
-        inputs[target] = rearrange(x, "b t h ... -> (b h) t ...")
+        elif targets.get(name) in needs:
+            inputs[targets[name]] = rearrange(x.exp() if name == "g" else x, "b t h ... -> (b h) t ...")
     if "erase" in inputs:  # the mixer's L2 norm x / sqrt(‖x‖² + 1e-6) is just below 1; measure the unit direction
         inputs["erase"] = torch.nn.functional.normalize(inputs["erase"], dim=-1)
     return inputs
@@ -94,9 +92,10 @@ def check_model(model: nn.Module, input_ids: Tensor) -> list[LayerReport]:
                 max_growth_ratio=float(ratio.exp()),
                 mean_decay=float(inputs["decay"].mean()) if "decay" in inputs else 1.0,
                 mean_beta=float(inputs["beta"].mean()) if "beta" in inputs else None,
-                bound=CERTIFICATES[cell].text,
+                bound=cell_certificate(cell).text,
                 passed=within_certificate(
-                    float(m.spectral_radius.max()), float(m.certificate_norm.max()), float(ratio.exp())
+                    float(m.spectral_radius.max()), float(m.certificate_norm.max()), float(ratio.exp()),
+                    cell_certificate(cell).metric,
                 ),
             )
         )

@@ -34,14 +34,15 @@ from linrnn.training.loader import WindowDataLoader
 from linrnn.training.metrics import LinrnnMetrics
 from linrnn.training.model import ReadoutLoss, TitanLanguageModel, parallelize
 from linrnn.training.names import (  # noqa: F401  (re-exported: the names are part of this module's interface)
-    CELLS,
     PARAMETRIZATION_ALIASES,
     PARAMETRIZATIONS,
     SIZE_ALIASES,
     SIZES,
     Size,
     canonical_config_name,
+    cells,
     config_names,
+    parse_config_name,
 )
 from linrnn.training.optim import ParametrizedOptimizers
 
@@ -118,17 +119,17 @@ def build(
 
 def _named(cell: str, size: str, param: str):
     def config() -> Trainer.Config:
-        return build(CELLS[cell], size, PARAMETRIZATIONS[param])
+        return build(cells()[cell], size, PARAMETRIZATIONS[param])
 
     config.__name__ = f"{cell}_{size}_{param}"
     config.__doc__ = f"{cell}, size {size}, parametrization {PARAMETRIZATIONS[param]} (linrnn.training.configs)"
     return config
 
 
-for _cell in CELLS:  # one function per name (torchtitan's --config looks it up here), older spellings too
-    for _size in SIZES:
-        for _param in PARAMETRIZATIONS:
-            globals()[f"{_cell}_{_size}_{_param}"] = _named(_cell, _size, _param)
-            for _old_size in [_size, *(old for old, new in SIZE_ALIASES.items() if new == _size)]:
-                for _old_param in [_param, *(old for old, new in PARAMETRIZATION_ALIASES.items() if new == _param)]:
-                    globals()[f"{_cell}_{_old_size}_{_old_param}"] = globals()[f"{_cell}_{_size}_{_param}"]
+def __getattr__(name: str):
+    """One function per config name, older spellings too (torchtitan's --config looks them up here), for every
+    mixer registered when it is looked up."""
+    parsed = parse_config_name(name)
+    if parsed is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _named(*parsed)

@@ -7,8 +7,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-CELLS = {"gla": "gla", "deltanet": "deltanet", "gdn": "gated_deltanet", "kda": "kda", "gammanet": "gammanet",
-         "attention": "attention"}  # fmt: skip
+from linrnn.recurrences.registry import get_cell, list_mixers
+
+
+
+def cells() -> dict[str, str]:
+    """{name in config names: registry name} for every registered mixer (``CellSpec.config_name``: ``gdn`` for
+    Gated DeltaNet), read from the registry when called, so cells registered later are included."""
+    return {get_cell(name).config_name: name for name in list_mixers()}
+
+
 PARAMETRIZATIONS = {"sp": "sp", "mup": "mup", "gdn-mup": "gdn-mup"}
 # Older spellings, still accepted in config names and ``linrnn train`` flags
 SIZE_ALIASES = {f"paper{w}": f"paper-{w}" for w in (256, 384, 512, 768, 1024, 1536)}
@@ -41,17 +49,24 @@ SIZES = {
 
 
 def config_names() -> list[str]:
-    return [f"{cell}_{size}_{param}" for cell in CELLS for size in SIZES for param in PARAMETRIZATIONS]
+    return [f"{cell}_{size}_{param}" for cell in cells() for size in SIZES for param in PARAMETRIZATIONS]
 
 
-def canonical_config_name(name: str) -> str | None:
-    """``name`` with older spellings of its size and parametrization replaced (``gdn_paper256_gdnmup`` →
-    ``gdn_paper-256_gdn-mup``), or None if it names no config."""
+def parse_config_name(name: str) -> tuple[str, str, str] | None:
+    """(cell, size, parametrization) of a config name, older spellings of the size and parametrization replaced
+    (``gdn_paper256_gdnmup`` → ``("gdn", "paper-256", "gdn-mup")``), or None if it names no config."""
     parts = name.split("_")
+    known = cells()
     for i in range(1, len(parts) - 1):  # sizes and parametrizations may contain underscores ("gdn_mup")
         for j in range(i + 1, len(parts)):
             cell, size, param = "_".join(parts[:i]), "_".join(parts[i:j]), "_".join(parts[j:])
             size, param = SIZE_ALIASES.get(size, size), PARAMETRIZATION_ALIASES.get(param, param)
-            if cell in CELLS and size in SIZES and param in PARAMETRIZATIONS:
-                return f"{cell}_{size}_{param}"
+            if cell in known and size in SIZES and param in PARAMETRIZATIONS:
+                return cell, size, param
     return None
+
+
+def canonical_config_name(name: str) -> str | None:
+    """``name`` with older spellings of its size and parametrization replaced, or None if it names no config."""
+    parsed = parse_config_name(name)
+    return None if parsed is None else "_".join(parsed)

@@ -4,14 +4,14 @@ import pytest
 import torch
 
 import linrnn
-from tests.helpers import CELLS, OPS, assert_runs_match, forward_backward, make_inputs
+from tests.helpers import TRITON_CELLS, OPS, assert_runs_match, forward_backward, make_inputs
 
 pytestmark = pytest.mark.gpu
 STREAMS = ("q", "k", "v", "a", "g", "beta")  # the [B, T, ...] inputs
 
 
 @pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-4), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("cell", TRITON_CELLS)
 def test_torch_backend_on_cuda(cell, dtype, rtol):
     inputs = make_inputs(cell, B=2, T=300, H=4, K=64, V=64, initial_state=True, dtype=dtype, seed=3)
     expected = forward_backward(cell, {n: x.double() for n, x in inputs.items()}, backend="reference")
@@ -50,7 +50,7 @@ def test_cu_seqlens_on_the_host(cell, backend):
     assert torch.equal(host[0], device[0]) and torch.equal(host[1], device[1])
 
 
-@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("cell", TRITON_CELLS)
 def test_model_decode_on_cuda(cell, monkeypatch):
     """Decoding on CUDA runs the Triton fused recurrent kernel and reproduces the full forward (torch path)."""
     from linrnn.kernels.triton import fused_recurrent

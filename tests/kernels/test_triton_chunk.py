@@ -19,7 +19,7 @@ if importlib.util.find_spec("triton") is None:
 
 from linrnn import ops  # noqa: E402
 from linrnn.kernels.triton import chunk  # noqa: E402
-from tests.helpers import CELLS, assert_close, assert_runs_match, forward_backward, make_inputs, nan_filled  # noqa: E402
+from tests.helpers import TRITON_CELLS, assert_close, assert_runs_match, forward_backward, make_inputs, nan_filled  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +40,7 @@ def compare(cell, inputs, rtol, dtype=torch.float32, **op_args):
     assert_runs_match(actual, expected, rtol)
 
 
-@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("cell", TRITON_CELLS)
 @pytest.mark.parametrize("T, K, V, with_state", [(65, 20, 12, False), (1, 16, 8, True)], ids=["T65", "T1"])
 def test_matches_reference(cell, T, K, V, with_state):
     inputs = make_inputs(cell, B=2, T=T, H=2, K=K, V=V, initial_state=with_state, seed=T + K)

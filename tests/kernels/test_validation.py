@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import linrnn
+
 from linrnn import ops
 from tests.helpers import OPS, make_inputs
 
@@ -42,7 +44,7 @@ def call(cell="kda", backend="torch", **changes):
             r"'v' must have device cpu \(as 'q'\), got meta",
         ),
         (dict(q=torch.randint(0, 3, (2, 10, 3, 8))), r"'q' must be a floating-point tensor, got dtype torch.int64"),
-        (dict(beta=None), r"'beta' is required, got None"),
+        (dict(beta=None), r"'beta' \(write \(and erase\) strength\) is required, got None"),
         (
             dict(initial_state=torch.zeros(3, 3, 8, 6)),
             r"'initial_state' must have shape .*\[2, 3, 8, 6\], got shape \[3, 3, 8, 6\]",
@@ -56,8 +58,29 @@ def test_structural_errors(changes, pattern):
 
 
 def test_gdn_rejects_per_channel_gate():
-    with pytest.raises(ValueError, match=r"gated_delta_rule: argument 'g' must have shape \[B, T, H\]"):
+    with pytest.raises(ValueError, match=r"cell 'gated_deltanet': argument 'g' must have shape \[B, T, H\]"):
         call("gated_deltanet", g=torch.zeros(2, 10, 3, 8, dtype=torch.float64))
+    inputs = make_inputs("gated_deltanet", B=2, T=10, H=3, K=8, V=6)
+    with pytest.raises(ValueError, match=r"linrnn.ops.gated_delta_rule: argument 'g' must have shape \[B, T, H\]"):
+        ops.gated_delta_rule(**{**inputs, "g": torch.zeros(2, 10, 3, 8, dtype=torch.float64)})
+
+
+def test_unexpected_inputs_and_options_are_named():
+    inputs = make_inputs("kda", B=1, T=4, H=1, K=4, V=4)
+    with pytest.raises(ValueError, match=r"cell 'kda': got unexpected input 'a'; this op takes q, k, v, g, beta"):
+        linrnn.get_cell("kda").op(**inputs, a=inputs["k"])
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'chunksize'"):
+        ops.kda(**inputs, chunksize=16)
+    with pytest.raises(ValueError, match=r"'chunk_size' must be None or 64 here \(backend 'reference' is sequential"):
+        ops.kda(**inputs, backend="reference", chunk_size=16)
+
+
+def test_gdn2_gate_values_are_checked():
+    inputs = make_inputs("gdn2", B=1, T=4, H=1, K=4, V=4)
+    with pytest.raises(ValueError, match=r"argument 'b' must lie in \[0, 2\], got range"):
+        ops.gdn2(**{**inputs, "b": inputs["b"] + 3}, backend="reference")
+    with pytest.raises(ValueError, match=r"argument 'w' must have shape \[B, T, H, V\] = \[1, 4, 1, 4\]"):
+        ops.gdn2(**{**inputs, "w": inputs["w"][..., :2]})
 
 
 def test_gammanet_arguments():

@@ -160,7 +160,7 @@ def test_inductor_bf16_on_gpu_equals_eager(cell):
     relative, and every parameter gradient as close to the fp32 model's as the eager bf16 one is (at most 1.5× its
     error, plus 5e-3). Compared directly, compiled and eager bf16 gradients differ by their rounding in different
     places; where a gradient is a difference of nearly cancelling sums (GammaNet's ``log_gamma``, KDA's ``A_log``)
-    that alone reached 3–4e-2 on the CPU's torch path (``scripts/compile_parity.py --cpu``), with eager bf16 as far
+    that alone reached 3–4e-2 on the CPU's torch path (``experiments/compile_parity.py --cpu``), with eager bf16 as far
     from fp32. The fp32 model is the common reference."""
     torch._dynamo.reset()
     torch.manual_seed(0)

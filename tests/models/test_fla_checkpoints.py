@@ -242,7 +242,7 @@ def check_logits(folder, linrnn_model, fla_model, ids):
     linrnn's fp32 model is within 1e-5 of it (1.1e-6 at most measured on an H100); so is FLA's fused recurrent path
     (T <= 64; 2.2e-6). FLA's chunked path rounds its fp32 inputs to tf32 (10-bit mantissa) in its matrix products:
     GDN 2.7e-4 to 8.0e-4 at logits up to 1.6, KDA 9.4e-4 to 1.4e-3 (up to 2.0e-3 of the largest logit) at logits up
-    to 1.4 (scripts/fla_precision_probe.py), hence its own bound there, relative to the largest logit."""
+    to 1.4 (experiments/fla_precision_probe.py), hence its own bound there, relative to the largest logit."""
     reference = from_fla(folder, backend="torch").double().eval()(ids.cpu())
     with torch.no_grad():
         actual, expected = linrnn_model(ids).double().cpu(), fla_model(input_ids=ids).logits.double().cpu()

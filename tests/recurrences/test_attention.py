@@ -202,7 +202,7 @@ def test_roles_parametrizations_engine_and_training_names():
 
 
 def test_cells_command_marks_attention(capsys):
-    from linrnn.cli import cells
+    from linrnn.cli.listings import cells
 
     assert cells(argparse.Namespace()) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│ ")]

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 pytest.importorskip("torchtitan")
 
 from linrnn import cli  # noqa: E402
+from linrnn.cli import sweep as sweep_command  # noqa: E402
 from linrnn.training import sweep, sweep_report  # noqa: E402
 from linrnn.training.sweep_report import Curves  # noqa: E402
 
@@ -81,7 +82,7 @@ def swept(corpus, tmp_path_factory) -> Swept:
 
 def test_cli_arguments_give_the_config():
     args = cli.build_parser().parse_args(GRID)
-    assert sweep.config_from_args(args) == CONFIG
+    assert sweep_command.config_from_args(args) == CONFIG
     assert len(CONFIG.runs()) == 3 * (2 * 3 + 2 * 2)  # parametrizations × widths × lrs per optimizer
 
 
@@ -89,7 +90,7 @@ def test_cli_arguments_give_the_config():
 def test_training_settings_reach_the_config_and_the_hash(flag, field, value):
     """``--max-norm`` and ``--momentum`` reach the config and change the settings hash (a table keeps clipped and
     unclipped runs, or two momenta, apart)."""
-    changed = sweep.config_from_args(cli.build_parser().parse_args([*GRID, flag, str(value)]))
+    changed = sweep_command.config_from_args(cli.build_parser().parse_args([*GRID, flag, str(value)]))
     assert getattr(changed, field) == value != getattr(CONFIG, field)
     assert changed.settings_hash() != CONFIG.settings_hash()
 
@@ -97,7 +98,7 @@ def test_training_settings_reach_the_config_and_the_hash(flag, field, value):
 def test_readout_bias_reaches_the_model_and_leaves_old_settings_alone():
     """``--readout-bias`` builds the logit bias and changes the settings hash; without it the settings have no
     such key, so tables written before the option existed keep their hash."""
-    with_bias = sweep.config_from_args(cli.build_parser().parse_args([*GRID, "--readout-bias"]))
+    with_bias = sweep_command.config_from_args(cli.build_parser().parse_args([*GRID, "--readout-bias"]))
     assert with_bias.readout_bias and "readout_bias" not in CONFIG.settings()
     assert with_bias.settings_hash() != CONFIG.settings_hash()
     run = sweep.Run(cell="gated_deltanet", optimizer="sgd", parametrization="gdn-mup", width=64, lr=0.1)
@@ -110,7 +111,7 @@ def test_heads_grow_with_width_at_fixed_head_dimensions():
     """``--heads-grow`` gives ``--heads`` heads at the base width and proportionally more above it, at the base's
     head dimensions; it changes the settings hash, is absent from the settings when off, and refuses widths whose
     head count would not be whole."""
-    growing = sweep.config_from_args(cli.build_parser().parse_args([*GRID, "--heads-grow"]))
+    growing = sweep_command.config_from_args(cli.build_parser().parse_args([*GRID, "--heads-grow"]))
     assert growing.heads(32) == 2 and growing.heads(64) == 4 and CONFIG.heads(64) == 2
     assert "heads_grow" not in CONFIG.settings() and growing.settings_hash() != CONFIG.settings_hash()
     run = sweep.Run(cell="gated_deltanet", optimizer="sgd", parametrization="mup", width=64, lr=0.1)
@@ -394,7 +395,7 @@ def test_seed_mean_script_writes_the_report_and_the_plot(tmp_path):
         losses = {(w, lr): 4.0 + shift + math.log(lr / 0.2) ** 2 for w in (32, 64) for lr in (0.1, 0.2, 0.4)}
         tables.append(tmp_path / f"seed{seed}.jsonl")
         sweep.append_rows(tables[-1], seed_rows(seed, losses, **settings))
-    script = Path(__file__).parents[2] / "scripts" / "sweep_seed_mean.py"
+    script = Path(__file__).parents[2] / "tools" / "sweep_seed_mean.py"
     subprocess.run([sys.executable, str(script), *map(str, tables), "--out", str(tmp_path / "mean")], check=True)
     report = (tmp_path / "mean_report.md").read_text()
     assert "seed [0, 1]" in report and "median 0.200, largest 0.200" in report

@@ -53,7 +53,7 @@ STATE_MIN_PROGRAMS = 64
 # cross-thread reductions (2.9× faster than with 4 warps); 8 for intra with per-head decay (0.32 -> 0.20 ms), not
 # without decay: there 8 warps gave a wrong A_kk for bf16 at K = 128 (triton 3.6, H100) and no speed-up.
 # "<kernel>_decoupled": a decoupled write key's launch (GammaNet), timed at the 340M model's shapes (4×4096 and
-# 1×16384, H = 6, K = 128, V = 256, H200, scripts/tune_chunk.py): the solve with 2 warps (its extra P V product)
+# 1×16384, H = 6, K = 128, V = 256, H200, experiments/tune_chunk.py): the solve with 2 warps (its extra P V product)
 # 276 -> 204 µs, where the tied one takes 96 with 1 and 148 with 2; the main backward kernel 265 -> 203 µs with 4
 # warps tied (KDA), 330 -> 372 decoupled
 WARPS = dict(intra=4, intra_head=8, intra_channel=2, solve_wu=1, solve_wu_decoupled=2, state_fwd=4, output=4,

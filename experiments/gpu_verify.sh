@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call: everything GPU-only that checks correctness of the fused model pieces, the decoding kernels and
+# the engine — the fused kernels' tests compiled on CUDA (short conv and its decoding step, norms, SwiGLU, the
+# log-decay gate, cross-entropy rows, the fused recurrent kernel updating states in place), the engine's tests
+# (CUDA graphs against plain steps, the Triton decoding kernels), the GPU-marked tests (inductor bf16 model vs
+# eager, packed documents), FLA checkpoints against FLA's model, and with VERIFY_CHUNK_CHECK="ARGS" the fp64 chunk
+# check (experiments/check_triton_chunk.py ARGS) beside them. On a cold machine Triton compiles every kernel first, so the
+# groups run as parallel processes (CPU-bound compiles) with verbose logs: a group cut by its timeout still shows
+# which tests passed. Carry .whl (and .triton_cache.tgz when there is one).
+# Writes $OUT/<group>.log, $OUT/check.log and $OUT/triton_cache.tgz.
+set -uo pipefail
+source experiments/device_env.sh  # wheels, PYTHONPATH, Triton cache, $out
+seconds="${VERIFY_SECONDS:-480}"
+if [ -n "${VERIFY_CHUNK_CHECK:-}" ]; then  # e.g. VERIFY_CHUNK_CHECK="--cells gammanet --dtypes bf16"
+  # shellcheck disable=SC2086
+  timeout -k 10 "$seconds" python3 experiments/check_triton_chunk.py $VERIFY_CHUNK_CHECK \
+    --max-seconds $((seconds - 90)) > "$out/check.log" 2>&1 &
+fi
+pytest=(python3 -m pytest -o addopts= -v -rfE --tb=short -p no:cacheprovider -p no:warnings)
+group() {  # group NAME PYTEST-ARGS...: one pytest process in the background, its log in $OUT/NAME.log
+  local name="$1"
+  shift
+  timeout -k 10 "$seconds" "${pytest[@]}" "$@" > "$out/$name.log" 2>&1 &
+}
+group short_conv tests/kernels/test_short_conv.py
+group fused tests/kernels/test_fused.py tests/models/test_loss.py::test_triton_rows_kernel_matches_cross_entropy
+group fused_recurrent tests/kernels/test_triton_fused_recurrent.py
+group inference tests/models/test_inference.py
+group compile -m gpu tests/models/test_compile.py
+group packed -m gpu tests/models/test_packed_documents.py
+group fla_checkpoints -rs tests/models/test_fla_checkpoints.py  # against FLA's model (its wheels carried)
+wait
+for name in short_conv fused fused_recurrent inference compile packed fla_checkpoints; do
+  echo "== $name: $(tail -1 "$out/$name.log")"
+  grep -E "^(FAILED|ERROR)" "$out/$name.log"
+done
+if [ -f "$out/check.log" ]; then grep -E "PASS|FAIL|NOT RUN|passed" "$out/check.log"; fi
+bash experiments/pack_triton_cache.sh "$TRITON_CACHE_DIR" "$out/triton_cache.tgz"

@@ -1,0 +1,207 @@
+"""Per-kernel GPU time of the chunkwise ops (forward + backward), from the CUDA profiler, with FLA's optional.
+
+Run on the device with the carried wheels on PYTHONPATH::
+
+    python3 experiments/profile_chunk.py [--cells deltanet gated_deltanet ...] [--fla] [--shape 8x4096]
+        [--heads 16 --dim 128 --value-dim 128] [--variants "" "main=4,bv128=64" ...]
+
+The 340M models' recurrence, state-pass settings side by side (issue 24's 1×16384 gap)::
+
+    python3 experiments/profile_chunk.py --cells gated_deltanet --shape 1x16384 --heads 6 --value-dim 256 --fla \
+        --variants "" "programs=48" "programs=24" "programs=48,state_bwd=4" "state_stages=3" "local_first=1"
+
+Per cell: the median of ``triton.testing.do_bench`` for forward and forward+backward, then one profiled
+forward+backward averaged over ``--repeats`` calls, every kernel's mean time, sorted. ``--fla`` adds FLA 0.6.0's
+matching op (cold autotuning: about two minutes per op; its gated backward guard lifted for speed only, see
+benchmarks/test_chunk_gpu.py). Inputs: bf16 q, k, v, a; fp32 gates.
+
+``--variants`` compares launch settings side by side, each a comma list of ``kernel=warps`` (keys of
+``chunk.WARPS``), ``bv<K>=columns`` (``chunk.STATE_BLOCK_V``), ``programs=n`` (``chunk.STATE_MIN_PROGRAMS``),
+``fused_k=n`` (``chunk.FUSED_MAX_K``; 0: never the fused backward), ``fused_bv=n`` (``chunk.FUSED_BLOCK_V``),
+``state_stages=n`` and ``stages=n`` (``chunk.STAGES_16BIT`` up to K = 128), ``solve_wu_block=n``
+(``chunk.SOLVE_WU_BLOCK``), ``local_first=1`` (``chunk.STATE_BWD_LOCAL_FIRST``);
+"" is the defaults.
+"""
+
+import argparse
+import collections
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.profiler import ProfilerActivity, profile
+
+from linrnn import ops
+from linrnn.kernels.triton import chunk
+
+CELLS = ["gla", "deltanet", "gated_deltanet", "kda", "gammanet"]
+
+
+def make_inputs(batch, steps, heads, dim, value_dim=None):
+    torch.manual_seed(0)
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    value_dim = value_dim or dim
+    x = dict(
+        q=torch.randn(batch, steps, heads, dim, **bf16),
+        k=F.normalize(torch.randn(batch, steps, heads, dim, device="cuda"), dim=-1).bfloat16(),
+        a=F.normalize(torch.randn(batch, steps, heads, dim, device="cuda"), dim=-1).bfloat16(),
+        v=torch.randn(batch, steps, heads, value_dim, **bf16),
+        g_head=F.logsigmoid(torch.randn(batch, steps, heads, device="cuda") + 3),
+        g_chan=F.logsigmoid(torch.randn(batch, steps, heads, dim, device="cuda") + 3),
+        beta=torch.rand(batch, steps, heads, device="cuda").sigmoid(),
+        log_gamma=0.1 * torch.randn(heads, dim, device="cuda"),
+    )
+    for t in x.values():
+        t.requires_grad_()
+    return x, torch.randn(batch, steps, heads, value_dim, **bf16)
+
+
+def linrnn_op(cell, x):
+    q, k, a, v, gh, gc, beta, lg = (x[n] for n in ("q", "k", "a", "v", "g_head", "g_chan", "beta", "log_gamma"))
+    return {
+        "gla": lambda: ops.gla(q, k, v, gc, backend="triton")[0],
+        "deltanet": lambda: ops.delta_rule(q, k, v, beta, backend="triton")[0],
+        "gated_deltanet": lambda: ops.gated_delta_rule(q, k, v, gh, beta, backend="triton")[0],
+        "kda": lambda: ops.kda(q, k, v, gc, beta, backend="triton")[0],
+        "gammanet": lambda: ops.gammanet(q, k, v, a, gc, beta, lg, backend="triton")[0],
+    }[cell]
+
+
+def fla_op(cell, x):
+    import fla.ops.common.chunk_o as fla_chunk_o
+    from fla.ops.delta_rule import chunk_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
+    from fla.ops.gla import chunk_gla
+    from fla.ops.kda import chunk_kda
+
+    fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # speed only: FLA's gated gradients are not trusted on triton 3.6 Hopper
+    q, k, a, v, gh, gc, beta = (x[n] for n in ("q", "k", "a", "v", "g_head", "g_chan", "beta"))
+    scale = q.shape[-1] ** -0.5
+    return {
+        "gla": lambda: chunk_gla(q, k, v, gc, scale=scale)[0],
+        "deltanet": lambda: chunk_delta_rule(q, k, v, beta, scale=scale)[0],
+        "gated_deltanet": lambda: chunk_gated_delta_rule(q, k, v, gh, beta, scale=scale)[0],
+        "kda": lambda: chunk_kda(q, k, v, gc.clamp(min=-5), beta, scale=scale)[0],
+        "gammanet": lambda: chunk_dplr_delta_rule(q, k, v, -a * beta[..., None], a, gc, scale=scale)[0],
+    }[cell]
+
+
+def kernel_table(run, repeats):
+    """Mean device time per call of every kernel, largest first: [(name, ms, launches per call)]."""
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            run()
+        torch.cuda.synchronize()
+    times, counts = collections.Counter(), collections.Counter()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name] += event.device_time / 1e3 / repeats
+            counts[event.name] += 1 / repeats
+    return sorted(((name, ms, counts[name]) for name, ms in times.items()), key=lambda row: -row[1])
+
+
+def apply_variant(variant, defaults):
+    """Reset the launch settings to ``defaults``, then apply ``variant`` (see the module docstring)."""
+    warps, block_v, programs, fused_k, fused_v, stages, solve_wu_block, local_first = defaults
+    chunk.STATE_BWD_LOCAL_FIRST = local_first
+    chunk.WARPS.update(warps)
+    chunk.STATE_BLOCK_V.update(block_v)
+    chunk.STATE_MIN_PROGRAMS, chunk.FUSED_MAX_K, chunk.FUSED_BLOCK_V = programs, fused_k, fused_v
+    chunk.SOLVE_WU_BLOCK = solve_wu_block
+    chunk.STAGES_16BIT[:] = stages
+    for item in filter(None, variant.split(",")):
+        key, value = item.split("=")
+        if key == "state_stages":
+            chunk.STAGES_16BIT[0] = (int(value), chunk.STAGES_16BIT[0][1])
+        elif key == "stages":
+            chunk.STAGES_16BIT[0] = (chunk.STAGES_16BIT[0][0], int(value))
+        elif key in chunk.WARPS:
+            chunk.WARPS[key] = int(value)
+        elif key.startswith("bv"):
+            chunk.STATE_BLOCK_V[int(key[2:])] = int(value)
+        elif key == "programs":
+            chunk.STATE_MIN_PROGRAMS = int(value)
+        elif key == "fused_k":
+            chunk.FUSED_MAX_K = int(value)
+        elif key == "fused_bv":
+            chunk.FUSED_BLOCK_V = int(value)
+        elif key == "solve_wu_block":
+            chunk.SOLVE_WU_BLOCK = int(value)
+        elif key == "local_first":
+            chunk.STATE_BWD_LOCAL_FIRST = bool(int(value))
+        else:
+            raise ValueError(f"unknown launch setting {key!r} in variant {variant!r}")
+
+
+def measure(forward, x, d_o, repeats):
+    """(fwd ms, fwd+bwd ms, {kernel: ms per call}) for one op."""
+    leaves = list(x.values())
+
+    def forward_backward():
+        torch.autograd.grad(forward(), leaves, d_o, allow_unused=True)
+
+    fwd = triton.testing.do_bench(forward, return_mode="median")
+    fwd_bwd = triton.testing.do_bench(forward_backward, return_mode="median")
+    return fwd, fwd_bwd, kernel_table(forward_backward, repeats)
+
+
+def show(label, results):
+    """One table per op: kernels as rows, one column per variant (or implementation)."""
+    names = list(results)
+    print(f"\n== {label}")
+    print(" " * 44 + "".join(f"{n[:14]:>15s}" for n in names))
+    print(f"{'fwd (do_bench median)':44s}" + "".join(f"{r[0]:15.3f}" for r in results.values()))
+    print(f"{'fwd+bwd (do_bench median)':44s}" + "".join(f"{r[1]:15.3f}" for r in results.values()))
+    kernels = {}
+    for r in results.values():
+        for name, ms, _ in r[2]:
+            kernels[name[:43]] = max(kernels.get(name[:43], 0), ms)
+    for kernel in sorted(kernels, key=lambda n: -kernels[n]):
+        if kernels[kernel] < 0.005:
+            continue
+        cells = [{n[:43]: ms for n, ms, _ in r[2]}.get(kernel) for r in results.values()]
+        print(f"{kernel:44s}" + "".join(f"{c:15.3f}" if c is not None else f"{'-':>15s}" for c in cells))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cells", nargs="+", default=CELLS, choices=CELLS)
+    parser.add_argument("--shape", default="8x4096")
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--dim", type=int, default=128, help="key width K (and V unless --value-dim)")
+    parser.add_argument("--value-dim", type=int, help="value width V (the 340M models: --heads 6 --value-dim 256)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--variants", nargs="+", default=[""], help="launch settings to compare (module docstring)")
+    parser.add_argument("--fla", action="store_true", help="also profile FLA 0.6.0's matching op")
+    args = parser.parse_args()
+    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
+    batch, steps = map(int, args.shape.split("x"))
+    x, d_o = make_inputs(batch, steps, args.heads, args.dim, args.value_dim)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, args.shape)
+    defaults = (
+        dict(chunk.WARPS),
+        dict(chunk.STATE_BLOCK_V),
+        chunk.STATE_MIN_PROGRAMS,
+        chunk.FUSED_MAX_K,
+        chunk.FUSED_BLOCK_V,
+        list(chunk.STAGES_16BIT),
+        chunk.SOLVE_WU_BLOCK,
+        chunk.STATE_BWD_LOCAL_FIRST,
+    )
+    for cell in args.cells:
+        results = {}
+        for variant in args.variants:
+            apply_variant(variant, defaults)
+            results[variant or "default"] = measure(linrnn_op(cell, x), x, d_o, args.repeats)
+        apply_variant("", defaults)
+        if args.fla:
+            results["FLA"] = measure(fla_op(cell, x), x, d_o, args.repeats)
+        show(cell, results)
+
+
+if __name__ == "__main__":
+    main()
