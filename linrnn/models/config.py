@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from linrnn.errors import UsageError
 from linrnn.recurrences.base import MixerOptions
-from linrnn.recurrences.registry import canonical_name
+from linrnn.recurrences.registry import canonical_name, get_cell
 
 
 class ModelConfig(BaseModel):
@@ -36,11 +36,41 @@ class ModelConfig(BaseModel):
     readout_bias: bool = Field(False, description="a learned bias per vocabulary entry, added after logit_multiplier")
     checkpoint_activations: bool = Field(False, description="recompute each block in backward (less memory)")
     mixer: dict[str, Any] = Field(default_factory=dict, description="MixerOptions set explicitly")
+    layer_pattern: list[str] | None = Field(
+        None,
+        description="mixers cycled over the layers (a hybrid), e.g. ['gdn', 'gdn', 'gdn', 'attention']: layer i has "
+        "layer_pattern[i % len]; None: every layer is `cell`",
+    )
 
     @field_validator("cell")
     @classmethod
     def _known_cell(cls, name: str) -> str:
         return canonical_name(name)
+
+    @field_validator("layer_pattern")
+    @classmethod
+    def _known_pattern(cls, pattern: list[str] | None) -> list[str] | None:
+        if pattern is None:
+            return None
+        if not pattern:
+            raise ValueError("layer_pattern must name at least one mixer, got []")
+        return [canonical_name(name) for name in pattern]
+
+    @property
+    def layer_cells(self) -> list[str]:
+        """The mixer of each layer (canonical names)."""
+        if self.layer_pattern is None:
+            return [self.cell] * self.num_layers
+        return [self.layer_pattern[i % len(self.layer_pattern)] for i in range(self.num_layers)]
+
+    def mixer_options(self, cell: str) -> dict[str, Any]:
+        """The ``mixer`` options for a layer of ``cell``. In a hybrid, an option of a part the layer does not have
+        (a recurrence's short conv for an attention layer: ``CellSpec.unused_options``) applies to the other layers
+        only; a single-mixer model passes them all (``build_mixer`` refuses what does not apply)."""
+        if self.layer_pattern is None or len(set(self.layer_cells)) == 1:
+            return dict(self.mixer)
+        unused = get_cell(cell).unused_options
+        return {name: value for name, value in self.mixer.items() if name not in unused}
 
     @field_validator("mixer")
     @classmethod

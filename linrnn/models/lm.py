@@ -53,11 +53,12 @@ class RMSNorm(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, cell: str | None = None):
         super().__init__()
         backend = config.mixer.get("backend", "auto")
+        cell = cell or config.cell
         self.mixer_norm = RMSNorm(config.hidden_size, config.norm_eps, backend)
-        self.mixer = build_mixer(config.cell, config.hidden_size, config.num_heads, **config.mixer)
+        self.mixer = build_mixer(cell, config.hidden_size, config.num_heads, **config.mixer_options(cell))
         self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps, backend)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, backend)
 
@@ -88,7 +89,7 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(Block(config, cell) for cell in config.layer_cells)
         self.norm = RMSNorm(config.hidden_size, config.norm_eps, config.mixer.get("backend", "auto"))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         # outside lm_head so that logit_multiplier scales W h only: the bias's step moves the logits by the same

@@ -191,6 +191,7 @@ def apply(
         # docs/parametrizations.md) the read Sᵀq̂ is Θ(1/√d_k), and the kernels' query scale 1/√d_k makes o Θ(1/d_k)
         multiplier = layer.mixer.head_k_dim / base_layer.mixer.head_k_dim if pre_norm_multiplier else 1.0
         layer.mixer.config.output_multiplier = multiplier
+        model.config.mixer["output_multiplier"] = multiplier  # the same in every layer: a checkpoint rebuilds it
     return Applied(parametrization.name, optimizer, base_width, config.hidden_size, roles, shapes, rules, model)
 
 

@@ -43,6 +43,7 @@ from linrnn.training.names import (  # noqa: F401  (re-exported: the names are p
     cells,
     config_names,
     parse_config_name,
+    resolve_cell,
 )
 from linrnn.training.optim import ParametrizedOptimizers
 
@@ -57,17 +58,19 @@ def build(
     overrides: dict[str, Any] | None = None,
     base_width: int | None = None,
 ) -> Trainer.Config:
-    """The Trainer config of one named run (cell and parametrization as registry names; sizes above)."""
+    """The Trainer config of one named run (cell and parametrization as registry names, or a hybrid's name from
+    ``names.HYBRIDS``; sizes above)."""
     spec = SIZES[size]
+    model_cell, pattern = resolve_cell(cell)
     on_gpu = torch.cuda.is_available()
     data.register_datasets()
     data.prepare(vocab_sizes=(spec.vocab,))
     stats = data.corpus_stats()["tokenizers"][str(spec.vocab)]
     name = f"{cell}_{size}_{parametrization}"
     model = TitanLanguageModel.Config(
-        cell=canonical_name(cell),
+        cell=canonical_name(model_cell),
         preset=spec.preset,
-        overrides={**spec.overrides, **(overrides or {})},
+        overrides={**spec.overrides, **({"layer_pattern": pattern} if pattern else {}), **(overrides or {})},
         parametrization=parametrization,
         base_width=base_width or spec.base_width,
         optimizer="adamw" if optimizer == "AdamW" else "sgd",

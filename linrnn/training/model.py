@@ -149,7 +149,7 @@ def flops_per_token(config: ModelConfig, chunk_size: int = 64, seq_len: int | No
         if isinstance(mixer, LinearRNNMixer):
             mixing += heads * (chunk_size * (k + v) / 2 + 2 * k * v)
         elif seq_len is None:
-            raise ValueError(f"flops_per_token: argument 'seq_len' is needed for the {config.cell} layers, got None")
+            raise ValueError(f"flops_per_token: argument 'seq_len' is needed for the {mixer.cell} layers, got None")
         else:
             mixing += heads * seq_len * (k + v) / 2
     return int(6 * matrices + 6 * mixing)

@@ -11,10 +11,26 @@ from linrnn.recurrences.registry import get_cell, list_mixers
 
 
 
+# hybrid models by name: the layer pattern cycled over the layers (ModelConfig.layer_pattern). Three delta-rule
+# layers to one attention layer, as Qwen3-Next (Gated DeltaNet) and Kimi Linear (KDA) build theirs
+HYBRIDS = {
+    "gdn-hybrid": ("gated_deltanet", "gated_deltanet", "gated_deltanet", "attention"),
+    "kda-hybrid": ("kda", "kda", "kda", "attention"),
+}
+
+
 def cells() -> dict[str, str]:
-    """{name in config names: registry name} for every registered mixer (``CellSpec.config_name``: ``gdn`` for
-    Gated DeltaNet), read from the registry when called, so cells registered later are included."""
-    return {get_cell(name).config_name: name for name in list_mixers()}
+    """{name in config names: registry name (a hybrid: its own name)} for every registered mixer
+    (``CellSpec.config_name``: ``gdn`` for Gated DeltaNet) and every hybrid in ``HYBRIDS``, read from the registry
+    when called, so cells registered later are included."""
+    return {**{get_cell(name).config_name: name for name in list_mixers()}, **{name: name for name in HYBRIDS}}
+
+
+def resolve_cell(name: str) -> tuple[str, list[str] | None]:
+    """(the model's ``cell``, its ``layer_pattern`` or None) for a registry name or a hybrid's name."""
+    if name in HYBRIDS:
+        return HYBRIDS[name][0], list(HYBRIDS[name])
+    return name, None
 
 
 PARAMETRIZATIONS = {"sp": "sp", "mup": "mup", "gdn-mup": "gdn-mup"}

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from linrnn import train as entry
+from linrnn.training.launch import free_port
 
 pytest.importorskip("torchtitan")
 
@@ -31,7 +32,7 @@ def train(tmp_path: Path, name: str, *flags: str, processes: int = 1, run: str =
             "-m",
             "torch.distributed.run",
             f"--nproc_per_node={processes}",
-            f"--master_port={entry.free_port()}",
+            f"--master_port={free_port()}",
             "-m",
             "linrnn.train",
         ]
@@ -46,7 +47,7 @@ def losses(records: list[dict]) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
-@pytest.mark.parametrize("config", ["gdn_tiny_sp", "gammanet_tiny_gdn-mup"])
+@pytest.mark.parametrize("config", ["gdn_tiny_sp", "gdn-hybrid_tiny_gdn-mup"])  # a hybrid: 3 GDN to 1 attention
 def test_two_process_gloo_run(corpus, tmp_path, config):
     records = train(
         tmp_path, config, "--training.steps", "3", "--checkpoint.no-enable", "--validator.steps", "2", processes=2
@@ -124,7 +125,8 @@ def test_configs_and_errors(corpus, tmp_path):
 
     names = configs.config_names()
     assert {"gdn_tiny_sp", "gammanet_340m_gdn-mup", "kda_1.3b_mup", "gla_paper-512_sp"} <= set(names)
-    assert len(names) == len(configs.CELLS) * len(configs.SIZES) * 3
+    assert len(names) == len(configs.cells()) * len(configs.SIZES) * 3
+    assert "gdn-hybrid_tiny_sp" in names and "mamba2_tiny_mup" in names
     with pytest.raises(SystemExit, match="unknown config 'gdn_huge_sp'.*size in"):
         entry.main(["--config", "gdn_huge_sp"])
     with pytest.raises(SystemExit, match="--config NAME is required"):
@@ -316,7 +318,7 @@ def test_parallelize_follows_the_reshard_after_forward_policy(policy, reshards):
 
     started = not dist.is_initialized()
     if started:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{entry.free_port()}", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",))
         model = TitanLanguageModel(TitanLanguageModel.Config(overrides={"num_layers": 2}))
