@@ -10,10 +10,10 @@ import torch
 import linrnn
 from linrnn import parametrizations
 from linrnn.cli import build_parser, main
+from linrnn.cli import coord_check as coord_check_command
+from linrnn.cli import stability as stability_command
 from linrnn.errors import UsageError
 from linrnn.models import load_checkpoint, model_config, save_checkpoint
-from linrnn.parametrizations import coord_check
-from linrnn.stability import report
 
 
 def error_line(capsys, argv: list[str]) -> str:
@@ -32,8 +32,8 @@ def no_computation(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the computation started before the arguments were checked")
 
-    monkeypatch.setattr(report, "check", forbidden)
-    monkeypatch.setattr(coord_check, "coord_check", forbidden)
+    monkeypatch.setattr(stability_command, "check", forbidden)
+    monkeypatch.setattr(coord_check_command, "coord_check", forbidden)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_unexpected_errors_keep_their_traceback(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(report, "check", broken)
+    monkeypatch.setattr(stability_command, "check", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["stability", "gdn"])
 

@@ -98,7 +98,7 @@ def test_prompt_starts_with_one_bos_when_the_tokenizer_adds_its_own(tmp_path):
     """A tokenizer whose post-processor prepends <s> (as many hub tokenizers do): the prompt still has one <s>."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    from linrnn.generate_cli import Text
+    from linrnn.cli.generate import Text
 
     vocab = {"<s>": 0, "</s>": 1, "a": 2, "b": 3, "[UNK]": 4}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))

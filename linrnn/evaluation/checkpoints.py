@@ -154,10 +154,10 @@ def _manifest(folder: Path, argument: str) -> dict:
 
 def _training_seq_len(config: str, overrides: list[str]) -> int | None:
     """The training sequence length of a named config, or of its ``--training.seq_len`` override."""
-    from linrnn.train import _option
     from linrnn.training import names
+    from linrnn.training.launch import flag_value
 
-    given = _option(list(overrides), "--training.seq_len")
+    given = flag_value(list(overrides), "--training.seq_len")
     if given is not None:
         return int(given)
     canonical = names.canonical_config_name(config)

@@ -1,11 +1,12 @@
-"""``linrnn eval length``: loss by token position of trained models on documents longer than their training length.
+"""What ``linrnn eval length`` computes: loss by token position of trained models on documents longer than their
+training length (the command line is ``linrnn.cli.evaluation``).
 
 Each model reads each document whole, ``<s>`` then its tokens (cut to ``--max-tokens`` if given; the output names
 the documents that were cut), in one pass with the recurrent state carried between pieces
 (``linrnn.evaluation.scoring``). The loss of the token at position p (0: the first token after ``<s>``) goes to
 the bucket holding p: [0, 64), [64, 128), [128, 256), ..., doubling up to the longest document. A bucket's bits per
 byte are its tokens' losses in bits over the UTF-8 bytes those tokens decode to (``Tokens.token_bytes``): the
-measure ``linrnn train`` reports on its whole held-out set (``linrnn.training.evaluate.validation_bpb``, which also
+measure ``linrnn train`` reports on its whole held-out set (``linrnn.training.job.validation_bpb``, which also
 scores ``</s>``), here by position, so models with different tokenizers compare. Positions are in each model's
 own tokens, so the same bucket covers more text under a coarser tokenizer; the JSON has each bucket's bytes.
 The last buckets hold only the documents long enough to reach them.
@@ -17,7 +18,6 @@ about 4 kB), each put back together whole from its passages.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from linrnn.errors import UsageError
@@ -65,79 +64,6 @@ class Scored:
     bits: torch.Tensor  # float64
     bytes: torch.Tensor  # int64
     tokens_before_cut: int
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from linrnn.cli import positive_int
-
-    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_FOLDER",
-                        help="linrnn train run folders (linrnn-run.json, model.pt, tokenizer/) or FLA folders "
-                             "(config.json, safetensors, tokenizer.json)")  # fmt: skip
-    parser.add_argument("--data", nargs="+", type=Path, metavar="FILE",
-                        help="UTF-8 text files, one document each (default: the embedded corpus's held-out "
-                             "plays)")  # fmt: skip
-    parser.add_argument("--max-tokens", type=positive_int, metavar="N",
-                        help="evaluate the first N tokens of longer documents (default: whole documents)")  # fmt: skip
-    parser.add_argument("--labels", nargs="+", metavar="NAME", help="a name per model (default: the folder names)")
-    parser.add_argument("--device", help="default: cuda when there is one, else cpu")
-    parser.add_argument("--out", type=json_file, default=Path("length.json"), metavar="FILE.json",
-                        help="the numbers as JSON (default length.json); the plot beside it as .png")  # fmt: skip
-
-
-def json_file(text: str) -> Path:
-    """The argparse type of ``--out``: a ``.json`` file name in an existing folder."""
-    path = Path(text)
-    if path.suffix != ".json":
-        raise argparse.ArgumentTypeError(f"expected a file name ending in .json, got {text!r}")
-    if not path.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"expected a file in an existing folder, got {text!r}")
-    return path
-
-
-def run(args: argparse.Namespace) -> int:
-    console = Console(width=max(Console().width, 120))
-    labels = model_labels(args.runs, args.labels)
-    for folder in args.runs:
-        checkpoints.check_folder(folder, "argument RUN_FOLDER")
-    device = checkpoints.parse_device(args.device, "argument --device")
-    if args.data:
-        documents, source = read_files(args.data), f"files: {', '.join(str(path) for path in args.data)}"
-    else:
-        documents, source = held_out_plays(console), "the held-out plays of the embedded corpus, each whole"
-    results = []
-    with Progress(console=console, transient=True) as progress:
-        for folder, label in zip(args.runs, labels, strict=True):
-            checkpoint = checkpoints.load(folder, "argument RUN_FOLDER", device)
-            task = progress.add_task(label, total=len(documents))
-            scored = []
-            for document in documents:
-                progress.update(task, description=f"{label}: {document.name}")
-                scored.append(score_document(checkpoint, document, args.max_tokens))
-                progress.advance(task)
-            results.append((label, describe_checkpoint(checkpoint), scored))  # one model in memory at a time
-    edges = bucket_edges(max(len(s.bits) for _, _, scored in results for s in scored))
-    report = {
-        "documents": [{"name": d.name, "bytes": len(d.text.encode())} for d in documents],
-        "source": source,
-        "max_tokens": args.max_tokens,
-        "first_bucket": FIRST_BUCKET,
-        "models": [model_report(label, about, scored, edges) for label, about, scored in results],
-    }
-    cut = f", cut to {args.max_tokens:,} tokens" if args.max_tokens else ""
-    console.print(f"bits per byte by token position: {source}{cut}", results_table(report, edges))
-    for model in report["models"]:
-        cut = [f"{d['name']} ({d['tokens_before_cut']:,})" for d in model["documents"] if d["cut"]]
-        if cut:
-            console.print(f"{model['label']}: cut to the first {args.max_tokens:,} tokens (tokens before the cut): "
-                          f"{', '.join(cut)}")  # fmt: skip
-    plot_file = args.out.with_suffix(".png")
-    for path in (args.out, plot_file):
-        if path.exists():
-            console.print(f"replacing {path}")
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    plot(report, plot_file)
-    console.print(f"wrote {args.out} and {plot_file}")
-    return 0
 
 
 def model_labels(folders: list[Path], labels: list[str] | None) -> list[str]:

@@ -4,19 +4,30 @@ import pytest
 import torch
 
 import linrnn
-from tests.helpers import TRITON_CELLS, OPS, assert_runs_match, forward_backward, make_inputs
+from tests.helpers import CELLS, OPS, TRITON_CELLS, assert_runs_match, forward_backward, make_inputs
 
 pytestmark = pytest.mark.gpu
-STREAMS = ("q", "k", "v", "a", "g", "beta")  # the [B, T, ...] inputs
+STREAMS = ("q", "k", "v", "a", "g", "beta", "b", "w")  # the [B, T, ...] inputs
 
 
 @pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-4), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("cell", TRITON_CELLS)
+@pytest.mark.parametrize("cell", CELLS)
 def test_torch_backend_on_cuda(cell, dtype, rtol):
     inputs = make_inputs(cell, B=2, T=300, H=4, K=64, V=64, initial_state=True, dtype=dtype, seed=3)
     expected = forward_backward(cell, {n: x.double() for n, x in inputs.items()}, backend="reference")
     actual = forward_backward(cell, {n: x.cuda() for n, x in inputs.items()}, backend="torch")
     assert_runs_match(actual, expected, rtol)
+
+
+def test_gdn2_runs_the_torch_path_on_cuda_with_a_warning():
+    """The Triton kernels do not take a per-channel erase gate yet: "auto" says so and matches the reference."""
+    inputs = make_inputs("gdn2", B=1, T=130, H=2, K=64, V=32, initial_state=True, seed=6)
+    expected = forward_backward("gdn2", inputs, backend="reference")
+    with pytest.warns(UserWarning, match="per-channel erase gate"):
+        actual = forward_backward("gdn2", {n: x.float().cuda() for n, x in inputs.items()}, backend="auto")
+    assert_runs_match(actual, expected, 1e-4)
+    with pytest.raises(ValueError, match="backend 'triton' do not take a per-channel erase gate"):
+        OPS["gdn2"](**{n: x.float().cuda() for n, x in inputs.items()}, backend="triton")
 
 
 def test_varlen_on_cuda():

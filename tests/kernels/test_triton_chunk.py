@@ -34,7 +34,8 @@ def to_kernel(inputs, dtype):
 
 
 def compare(cell, inputs, rtol, dtype=torch.float32, **op_args):
-    expected = forward_backward(cell, inputs, backend="reference", **op_args)
+    on_host = {name: x.cpu() if isinstance(x, torch.Tensor) else x for name, x in op_args.items()}
+    expected = forward_backward(cell, inputs, backend="reference", **on_host)  # the reference runs on the CPU
     actual = forward_backward(cell, to_kernel(inputs, dtype), backend="triton", **op_args)
     assert actual[0].dtype == dtype and actual[1].dtype == torch.float32
     assert_runs_match(actual, expected, rtol)

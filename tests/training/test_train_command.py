@@ -135,7 +135,7 @@ def test_own_data_and_tokenizer_end_to_end(corpus, tmp_path):
     documents with the user's tokenizer, the training bpb uses their bytes per token, the tokenizer is saved."""
     from linrnn.models import load_checkpoint
     from linrnn.training import data
-    from linrnn.training.evaluate import validation_bpb
+    from linrnn.training.job import validation_bpb
 
     rng = random.Random(0)
     words = [rng.choice("abcdefghij") * rng.randint(1, 4) + rng.choice("klmnop") for _ in range(50)]

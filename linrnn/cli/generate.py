@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from linrnn.cli.arguments import float_in, nonnegative_int, positive_int
 from linrnn.errors import UsageError
 from linrnn.inference import Engine, Sampling
 from linrnn.models import load_checkpoint
@@ -23,8 +24,6 @@ from linrnn.training.data import BOS, EOS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from linrnn.cli import float_in, nonnegative_int, positive_int
-
     parser.add_argument("checkpoint", type=Path, help="model.pt from `linrnn train` or `linrnn demo --save`, or an "
                         "FLA Gated DeltaNet folder (config.json, safetensors)")  # fmt: skip
     prompt = parser.add_mutually_exclusive_group(required=True)
