@@ -28,6 +28,7 @@ from linrnn.stability.measures import (
 from linrnn.stability.model import LayerReport, check_model, model_inputs
 from linrnn.stability.transition import (
     cell_certificate,
+    needed_inputs,
     certificate_metric,
     natural_metric,
     stability_cells,
@@ -49,6 +50,7 @@ def seed_example() -> dict[str, torch.Tensor]:
 
 __all__ = [
     "cell_certificate",
+    "needed_inputs",
     "LayerReport",
     "StabilityReport",
     "adversarial_inputs",

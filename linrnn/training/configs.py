@@ -18,6 +18,8 @@ any field torchtitan exposes (``--training.*``, ``--optimizer.lr``, ``--dataload
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import torch
@@ -120,6 +122,7 @@ def build(
     )
 
 
+@functools.cache  # one function per name: looking it up twice gives the same function
 def _named(cell: str, size: str, param: str):
     def config() -> Trainer.Config:
         return build(cells()[cell], size, PARAMETRIZATIONS[param])

@@ -198,7 +198,7 @@ def test_roles_parametrizations_engine_and_training_names():
     from linrnn.training import names
 
     assert names.canonical_config_name("attention_tiny_sp") == "attention_tiny_sp"
-    assert names.CELLS["attention"] == "attention"
+    assert names.cells()["attention"] == "attention"
 
 
 def test_cells_command_marks_attention(capsys):

@@ -1,5 +1,3 @@
-import inspect
-
 import pytest
 import torch
 
@@ -7,7 +5,7 @@ import linrnn
 from linrnn.recurrences import ROLES
 from tests.helpers import OPS
 
-CELLS = ["deltanet", "gammanet", "gated_deltanet", "gla", "kda"]
+CELLS = ["deltanet", "gammanet", "gated_deltanet", "gdn2", "gla", "kda", "mamba2"]
 
 
 def test_list_and_aliases():
@@ -21,7 +19,7 @@ def test_list_and_aliases():
 
 def test_unknown_cell_lists_known():
     with pytest.raises(
-        ValueError, match=r"unknown cell 'mamba'; known cells: deltanet, gammanet, gated_deltanet, gla, kda, gdn"
+        ValueError, match=r"unknown cell 'mamba'; known cells: deltanet, gammanet, gated_deltanet, gdn2, gla, kda, mamba2, gdn"
     ):
         linrnn.get_cell("mamba")
     with pytest.raises(ValueError, match="unknown cell 'mamba'"):
@@ -71,25 +69,29 @@ def test_mixer_option_errors():
         linrnn.build_mixer("kda", 48, 0)
 
 
-OP_NAMES = {cell: op.__name__ for cell, op in OPS.items()}  # names inside linrnn.ops, for monkeypatch
-
-
 @pytest.mark.parametrize("cell", CELLS)
 def test_op_inputs_in_range(cell, monkeypatch):
-    """What a mixer hands its op: unit q, k (and a), log-decay <= 0, beta in [0, 2] with negative eigenvalues on."""
-    original = getattr(linrnn.ops, OP_NAMES[cell])
+    """What a mixer hands its op: unit q, k (and a; Mamba-2's are not normalised), log-decay <= 0, beta in [0, 2]
+    with negative eigenvalues on (Mamba-2's β is its step Δ ≥ 0), b in [0, 2], w in [0, 1]."""
+    original = linrnn.ops.run
     seen = {}
 
-    def spy(*args, **kwargs):
-        seen.update(inspect.signature(original).bind(*args, **kwargs).arguments)
-        return original(*args, **kwargs)
+    def spy(structure, op, q, k, v, inputs, options=None):
+        seen.update(q=q, k=k, **inputs)
+        return original(structure, op, q, k, v, inputs, options)
 
-    monkeypatch.setattr(linrnn.ops, OP_NAMES[cell], spy)
+    monkeypatch.setattr(linrnn.ops, "run", spy)
     linrnn.build_mixer(cell, 32, 2, allow_neg_eigval=True)(10 * torch.randn(2, 9, 32))
-    for name in ("q", "k", "a"):
+    assert set(linrnn.get_cell(cell).structure.input_names()) <= set(seen)
+    for name in ("q", "k", "a") if linrnn.get_cell(cell).mixer.normalize_keys else ("a",):
         if name in seen:
             torch.testing.assert_close(seen[name].norm(dim=-1), torch.ones(seen[name].shape[:-1]))
     if "g" in seen:
         assert (seen["g"] <= 0).all() and torch.isfinite(seen["g"]).all()
-    if "beta" in seen:
+    for name, high in (("b", 2), ("w", 1)):
+        if name in seen:
+            assert (seen[name] >= 0).all() and (seen[name] <= high).all()
+    if "beta" in seen and cell == "mamba2":
+        assert (seen["beta"] >= 0).all()
+    elif "beta" in seen:
         assert (seen["beta"] >= 0).all() and (seen["beta"] <= 2).all() and seen["beta"].max() > 1

@@ -20,16 +20,16 @@ SEED_F = torch.tensor([[1.0, 2.0], [0.0, 1.0]], dtype=torch.float64)
 
 def transition_args(cell, inputs):
     """``transition`` arguments for step 0, head 0 of ``make_inputs`` tensors."""
-    args = {}
-    if "g" in inputs:
-        args["decay"] = inputs["g"][0, 0, 0].exp()
-    if "beta" in inputs:
-        args["beta"] = inputs["beta"][0, 0, 0]
-    if cell != "gla":
-        args["erase"] = (inputs["a"] if cell == "gammanet" else inputs["k"])[0, 0, 0]
-    if cell == "gammanet":
-        args["gamma"] = inputs["log_gamma"][0].exp()
-    return args
+    needs = stability.needed_inputs(cell)
+    structure = linrnn.get_cell(cell).structure
+    given = {
+        "decay": inputs["g"][0, 0, 0].exp() if "g" in inputs else None,
+        "beta": inputs["beta"][0, 0, 0] if "beta" in inputs else None,
+        "erase_gate": inputs["b"][0, 0, 0] if "b" in inputs else None,
+        "erase": (inputs["a"] if structure.erase == "decoupled" else inputs["k"])[0, 0, 0],
+        "gamma": inputs["log_gamma"][0].exp() if "log_gamma" in inputs else None,
+    }
+    return {name: value for name, value in given.items() if name in needs}
 
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -40,7 +40,9 @@ def test_transition_is_the_cells_recurrence(cell):
         inputs["v"] = torch.zeros_like(inputs["v"])
         _, final = OPS[cell](**inputs, output_final_state=True, backend="reference")
         A = stability.transition(cell, **transition_args(cell, inputs))
-        torch.testing.assert_close(final[0, 0], A @ inputs["initial_state"][0, 0], rtol=1e-12, atol=1e-12)
+        state = inputs["initial_state"][0, 0]
+        expected = A @ state if A.shape[-1] == state.shape[0] else A[0, 0] * state  # α I as the 1 × 1 [α]
+        torch.testing.assert_close(final[0, 0], expected, rtol=1e-12, atol=1e-12)
 
 
 def test_gammanet_is_kda_f_with_orthogonal_columns_in_tilde_coordinates():
