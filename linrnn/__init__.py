@@ -16,9 +16,9 @@ Public API::
 
 from linrnn.inference import Engine, Sampling
 from linrnn.kernels import ops
+from linrnn.kernels.structure import Structure
 from linrnn.models import ModelConfig, build_model, generate, list_presets
 from linrnn.models.fla_checkpoints import from_fla, to_fla
-from linrnn.kernels.structure import Structure
 from linrnn.recurrences import (
     CellSpec,
     LinearRNNMixer,

@@ -206,10 +206,13 @@ def test_mup_and_gdn_mup_agree_under_adamw(cell):
 # step 3; 0.09 with that layer's q/k frozen), which the √d_k multiplier's independence assumption does not cover
 # (docs/parametrizations.md, "Where the check fails"). Strict: the mark goes when the cell passes.
 GAMMANET_ADAMW_DRIFT = pytest.mark.xfail(strict=True, reason="GammaNet's o drifts with width under AdamW (q-k alignment)")
+# gdn2 and mamba2 (new in issue 38) have no coordinate-check record yet, and each check costs 30-75 s of CI: they
+# join when their check has been run and documented
+COORD_CELLS = [cell for cell in CELLS if cell not in ("gdn2", "mamba2")]
 COORD_CASES = [
     pytest.param(cell, *setting, marks=GAMMANET_ADAMW_DRIFT if (cell, setting[1]) == ("gammanet", "adamw") else ())
     for setting in MUP_SETTINGS
-    for cell in CELLS
+    for cell in COORD_CELLS
 ]
 
 

@@ -28,9 +28,9 @@ from linrnn.stability.measures import (
 from linrnn.stability.model import LayerReport, check_model, model_inputs
 from linrnn.stability.transition import (
     cell_certificate,
-    needed_inputs,
     certificate_metric,
     natural_metric,
+    needed_inputs,
     stability_cells,
     transition,
 )

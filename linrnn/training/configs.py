@@ -19,7 +19,6 @@ any field torchtitan exposes (``--training.*``, ``--optimizer.lr``, ``--dataload
 from __future__ import annotations
 
 import functools
-
 from typing import Any
 
 import torch

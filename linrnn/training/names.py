@@ -9,8 +9,6 @@ from typing import Any
 
 from linrnn.recurrences.registry import get_cell, list_mixers
 
-
-
 # hybrid models by name: the layer pattern cycled over the layers (ModelConfig.layer_pattern). Three delta-rule
 # layers to one attention layer, as Qwen3-Next (Gated DeltaNet) and Kimi Linear (KDA) build theirs
 HYBRIDS = {

@@ -17,7 +17,7 @@ if importlib.util.find_spec("triton") is None:
 
 from linrnn import ops  # noqa: E402
 from linrnn.kernels.triton import fused_recurrent  # noqa: E402
-from tests.helpers import TRITON_CELLS, OPS, assert_close, make_inputs, nan_filled, recorded_copies  # noqa: E402
+from tests.helpers import OPS, TRITON_CELLS, assert_close, make_inputs, nan_filled, recorded_copies  # noqa: E402
 
 
 def run(cell, inputs, **op_args):

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import linrnn
-
 from linrnn import ops
 from tests.helpers import OPS, make_inputs
 

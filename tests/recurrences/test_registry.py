@@ -3,7 +3,6 @@ import torch
 
 import linrnn
 from linrnn.recurrences import ROLES
-from tests.helpers import OPS
 
 CELLS = ["deltanet", "gammanet", "gated_deltanet", "gdn2", "gla", "kda", "mamba2"]
 
