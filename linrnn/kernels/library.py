@@ -2,14 +2,14 @@
 
 Two ops, each with a fake (meta) implementation that gives only shapes and dtypes:
 
-- ``linrnn::chunk_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, ..., keep_states,
+- ``linrnn::chunk_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase_gate, ..., keep_states,
   keep_intra) -> (o, final_state, states, values, intra, write_keys)``
 - ``linrnn::chunk_backward(do, d_final, <the forward's inputs>, states, values, intra, write_keys) -> (dq, dk, dw,
-  dv, dg, dbeta, d_initial, d_log_gamma)``
+  dv, dg, dbeta, d_initial, d_log_gamma, d_erase_gate)``
 
 registered as each other's autograd (``register_autograd``). Arguments follow ``triton.chunk.chunk_forward``:
 ``k`` is the erase direction (the write key too when ``w`` is None), ``w`` a decoupled write key, ``erase=False``
-drops the erase term. ``backend`` is ``"torch"`` (``chunked.recurrence_chunked``) or ``"triton"``.
+drops the erase term, ``erase_gate`` (b, torch backend only) gates the erase per key channel. ``backend`` is ``"torch"`` (``chunked.recurrence_chunked``) or ``"triton"``.
 
 The backward recomputes what it needs from the inputs instead of the forward saving its intermediates, with one
 exception: the Triton forward with ``keep_states`` (what ``chunk_recurrence`` asks for when autograd records) also
@@ -72,6 +72,7 @@ def chunk_forward_op(
     initial_state: Tensor | None,
     cu_seqlens: Tensor | None,
     log_gamma: Tensor | None,
+    erase_gate: Tensor | None,
     erase: bool,
     scale: float,
     output_final_state: bool,
@@ -87,6 +88,9 @@ def chunk_forward_op(
     if backend == "triton":
         from linrnn.kernels.triton.chunk import chunk_forward
 
+        if erase_gate is not None:  # linrnn.ops sends an erase gate to the torch backend
+            raise ValueError("chunk_forward_op: the Triton kernels take no erase_gate, got a tensor")
+
         args = [x if x is None else x.contiguous() for x in (q, k, w, v, g, beta, initial_state)]
         o, final, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -96,18 +100,19 @@ def chunk_forward_op(
             if keep_intra:
                 intra, write_keys = saved["intra"], saved["W_s"]
     else:
-        o, final = _torch_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, output_final_state,
-                                  chunk_size)  # fmt: skip
+        o, final = _torch_forward(q, k, w, v, g, beta, initial_state, erase_gate, cu_seqlens, erase, scale,
+                                  output_final_state, chunk_size)  # fmt: skip
     final = final.contiguous() if final is not None else None  # the fake's layout
     return o.contiguous(), *(_absent(o) if x is None else x for x in (final, states, values, intra, write_keys))
 
 
-def _torch_forward(q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, output_final_state, chunk_size):
+def _torch_forward(q, k, w, v, g, beta, initial_state, erase_gate, cu_seqlens, erase, scale, output_final_state,
+                   chunk_size):  # fmt: skip
     write_key = k if w is None else w
     erase_direction = (write_key if w is None else k) if erase else None  # the same tensor marks the tied case
-    return recurrence_chunked(q, write_key, v, erase_direction, g, beta, scale=scale, initial_state=initial_state,
-                              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                              chunk_size=chunk_size or None)  # fmt: skip
+    return recurrence_chunked(q, write_key, v, erase_direction, g, beta, erase_gate=erase_gate, scale=scale,
+                              initial_state=initial_state, output_final_state=output_final_state,
+                              cu_seqlens=cu_seqlens, chunk_size=chunk_size or None)  # fmt: skip
 
 
 def fold(q: Tensor, w: Tensor, log_gamma: Tensor, backend: str = "torch") -> tuple[Tensor, Tensor, Tensor]:
@@ -123,8 +128,8 @@ def fold(q: Tensor, w: Tensor, log_gamma: Tensor, backend: str = "torch") -> tup
 
 
 @chunk_forward_op.register_fake
-def _(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, output_final_state, fp32_accurate,
-      backend, chunk_size, keep_states, keep_intra):  # fmt: skip
+def _(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase_gate, erase, scale, output_final_state,
+      fp32_accurate, backend, chunk_size, keep_states, keep_intra):  # fmt: skip
     o = v.new_empty(v.shape)
     (batch, steps, heads, key_dim), value_dim = q.shape, v.shape[3]
     sequences = None if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -161,6 +166,7 @@ def chunk_backward_op(
     initial_state: Tensor | None,
     cu_seqlens: Tensor | None,
     log_gamma: Tensor | None,
+    erase_gate: Tensor | None,
     erase: bool,
     scale: float,
     fp32_accurate: bool,
@@ -170,8 +176,9 @@ def chunk_backward_op(
     values: Tensor,
     intra: Tensor,
     write_keys: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     d_final = _present(d_final)
+    d_erase_gate = None
     folded_q, folded_w, d_log_gamma = q, w, None
     if log_gamma is not None:
         folded_q, folded_w, gamma = fold(q, w, log_gamma, backend)
@@ -189,8 +196,8 @@ def chunk_backward_op(
     else:
         if log_gamma is not None:  # the same operand values in the wider dtype: their gradients come out wide
             folded_q, folded_w = folded_q.to(gamma.dtype), folded_w.to(gamma.dtype)
-        grads = _torch_backward(do, d_final, folded_q, k, folded_w, v, g, beta, initial_state, cu_seqlens, erase,
-                                scale, chunk_size)  # fmt: skip
+        *grads, d_erase_gate = _torch_backward(do, d_final, folded_q, k, folded_w, v, g, beta, initial_state,
+                                               erase_gate, cu_seqlens, erase, scale, chunk_size)  # fmt: skip
     if log_gamma is not None and backend == "triton":  # chunk_backward went back through the fold (as below)
         d_log_gamma = d_log_gamma.to(log_gamma.dtype)
     elif log_gamma is not None:  # back through the fold, in the wide dtype: d log Γ = Σ Γq ⊙ d(Γq) − Γ⁻¹w ⊙ d(Γ⁻¹w)
@@ -199,13 +206,14 @@ def chunk_backward_op(
         d_log_gamma = (folded_q.to(gamma.dtype) * d_folded_q - folded_w.to(gamma.dtype) * d_folded_w).sum((0, 1))
         d_log_gamma = d_log_gamma.to(log_gamma.dtype)
         grads = [(d_folded_q * gamma).to(q.dtype), grads[1], (d_folded_w / gamma).to(w.dtype), *grads[3:]]
-    return tuple(_absent(do) if grad is None else grad.contiguous() for grad in (*grads, d_log_gamma))
+    return tuple(_absent(do) if grad is None else grad.contiguous() for grad in (*grads, d_log_gamma, d_erase_gate))
 
 
-def _torch_backward(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, erase, scale, chunk_size):
+def _torch_backward(do, d_final, q, k, w, v, g, beta, initial_state, erase_gate, cu_seqlens, erase, scale,
+                    chunk_size):  # fmt: skip
     """The chunked forward again, differentiated against ``do`` and ``d_final`` (``torch.func.vjp``: the op runs
     below autograd, where a plain ``torch.autograd.grad`` would find nothing recorded)."""
-    inputs = (q, k, w, v, g, beta, initial_state)
+    inputs = (q, k, w, v, g, beta, initial_state, erase_gate)
     present = [i for i, x in enumerate(inputs) if x is not None]
 
     def forward(*tensors):
@@ -222,36 +230,37 @@ def _torch_backward(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens,
 
 
 @chunk_backward_op.register_fake
-def _(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, fp32_accurate, backend,
-      chunk_size, states, values, intra, write_keys):  # fmt: skip
-    inputs = (q, k, w, v, g, beta, initial_state, log_gamma)
+def _(do, d_final, q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase_gate, erase, scale,
+      fp32_accurate, backend, chunk_size, states, values, intra, write_keys):  # fmt: skip
+    inputs = (q, k, w, v, g, beta, initial_state, log_gamma, erase_gate)
     return tuple(_absent(do) if x is None else x.new_empty(x.shape) for x in inputs)
 
 
 def _setup_context(ctx, inputs, output):
-    (q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase, scale, _, fp32_accurate, backend,
+    (q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase_gate, erase, scale, _, fp32_accurate, backend,
      chunk_size, _, _) = inputs  # fmt: skip
     _, _, states, values, intra, write_keys = output
-    ctx.save_for_backward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, states, values, intra,
-                          write_keys)  # fmt: skip
+    ctx.save_for_backward(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase_gate, states, values,
+                          intra, write_keys)  # fmt: skip
     ctx.options = (erase, scale, fp32_accurate, backend, chunk_size)
 
 
 def _backward(ctx, do, d_final, *_d_kept):
-    q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, *kept = ctx.saved_tensors
+    q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase_gate, *kept = ctx.saved_tensors
     if d_final is None or d_final.numel() == 0:
         d_final = _absent(do)
     grads = chunk_backward_op(do.contiguous(), d_final.contiguous(), q, k, w, v, g, beta, initial_state,
-                              cu_seqlens, log_gamma, *ctx.options, *kept)  # fmt: skip
-    *grads, d_log_gamma = [_present(grad) for grad in grads]
-    return (*grads, None, d_log_gamma, *([None] * 8))  # cu_seqlens and the options get no gradient
+                              cu_seqlens, log_gamma, erase_gate, *ctx.options, *kept)  # fmt: skip
+    *grads, d_log_gamma, d_erase_gate = [_present(grad) for grad in grads]
+    return (*grads, None, d_log_gamma, d_erase_gate, *([None] * 8))  # cu_seqlens and the options get no gradient
 
 
 chunk_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_final_state=False, cu_seqlens=None,
-                     backend="torch", chunk_size=None, fp32_accurate=True, log_gamma=None):  # fmt: skip
+                     backend="torch", chunk_size=None, fp32_accurate=True, log_gamma=None,
+                     erase_gate=None):  # fmt: skip
     """``recurrence_reference``'s arguments and results (``e is w``: tied erase; None: no erase) through the custom
     op, with autograd. Inputs must be validated already (``linrnn.ops`` does). ``log_gamma`` ``[H, K]``: run on
     ``Γq`` and ``Γ⁻¹w`` (``fold``; an erase direction ``e`` is required), the states as given — GammaNet's op folds
@@ -263,11 +272,11 @@ def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_f
         erase_direction, write_key = e, w
     if cu_seqlens is not None and cu_seqlens.dtype != torch.int64:
         cu_seqlens = cu_seqlens.long()
-    inputs = (q, w, v, e, g, beta, initial_state, log_gamma)
+    inputs = (q, w, v, e, g, beta, initial_state, log_gamma, erase_gate)
     records = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
     keep_states = KEEP_STATES and records and backend == "triton"
     keep_intra = keep_states and (KEEP_INTRA == "always" or KEEP_INTRA == "decoupled" and write_key is not None)
     o, final, *_ = chunk_forward_op(q, erase_direction, write_key, v, g, beta, initial_state, cu_seqlens, log_gamma,
-                                    e is not None, float(scale), output_final_state, fp32_accurate, backend,
+                                    erase_gate, e is not None, float(scale), output_final_state, fp32_accurate, backend,
                                     chunk_size or 0, keep_states, keep_intra)  # fmt: skip
     return o, final if output_final_state else None

@@ -27,10 +27,10 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
-from linrnn.kernels.chunked import recurrence_chunked
 from linrnn.kernels.library import chunk_recurrence
 from linrnn.kernels.reference import compute_dtype, recurrence_reference
 from linrnn.kernels.structure import INPUTS, Structure
+from linrnn.kernels.triton import CHUNK as TRITON_CHUNK
 from linrnn.kernels.validation import (
     check_cu_seqlens,
     check_options,
@@ -41,7 +41,6 @@ from linrnn.kernels.validation import (
     fail,
 )
 
-TRITON_CHUNK = 64  # the Triton kernels' chunk length (kernels/triton/chunk.py)
 MAX_TRITON_DIM = 256  # K, V limit of the Triton kernels (the state tile lives in registers)
 FUSED_RECURRENT_MAX_STEPS = 64  # without autograd, sequences up to this long run step by step (decoding)
 
@@ -63,7 +62,8 @@ class _Options:
 OPTIONS = tuple(field.name for field in fields(_Options))
 
 
-def _options(given: dict) -> _Options:
+def parse_options(given: dict) -> _Options:
+    """The ops' keyword options from a dict; an unknown name raises a TypeError naming it."""
     unknown = sorted(set(given) - set(OPTIONS))
     if unknown:
         raise TypeError(f"unexpected keyword argument {unknown[0]!r}; the ops' options are {', '.join(OPTIONS)}")
@@ -134,10 +134,8 @@ def recurrence(
         decay=decay,
         erase="off" if not erase else ("tied" if e is None else "decoupled"),
         erase_gate="channel" if erase_gate is not None else "beta",
-        write="beta" if beta is not None or (erase and erase_gate is None) else "one",
+        write="one" if beta is None else "beta",
     )
-    if structure.has_beta and beta is None:  # the generic op's default: β = 1
-        beta = torch.ones(q.shape[:3], dtype=q.dtype, device=q.device)
     inputs = {"a": e, "g": g, "beta": beta, "b": erase_gate}
     options = _Options(scale, initial_state, output_final_state, cu_seqlens, backend, chunk_size, check_values,
                        update_state_in_place)  # fmt: skip
@@ -147,25 +145,25 @@ def recurrence(
 def gla(q, k, v, g, **options):
     """Gated linear attention: ``S_t = Diag(exp g_t) S_{t−1} + k_t v_tᵀ``; g ``[B, T, H, K]``.
     Options as in ``recurrence``."""
-    return run(GLA, "linrnn.ops.gla", q, k, v, dict(g=g), _options(options))
+    return run(GLA, "linrnn.ops.gla", q, k, v, dict(g=g), parse_options(options))
 
 
 def delta_rule(q, k, v, beta, **options):
     """DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ``; beta ``[B, T, H]``.
     Options as in ``recurrence``."""
-    return run(DELTA_RULE, "linrnn.ops.delta_rule", q, k, v, dict(beta=beta), _options(options))
+    return run(DELTA_RULE, "linrnn.ops.delta_rule", q, k, v, dict(beta=beta), parse_options(options))
 
 
 def gated_delta_rule(q, k, v, g, beta, **options):
     """Gated DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) exp(g_t) S_{t−1} + β_t k_t v_tᵀ``; g, beta ``[B, T, H]``.
     Options as in ``recurrence``."""
-    return run(GATED_DELTA_RULE, "linrnn.ops.gated_delta_rule", q, k, v, dict(g=g, beta=beta), _options(options))
+    return run(GATED_DELTA_RULE, "linrnn.ops.gated_delta_rule", q, k, v, dict(g=g, beta=beta), parse_options(options))
 
 
 def kda(q, k, v, g, beta, **options):
     """Kimi Delta Attention: GDN with per-channel decay, g ``[B, T, H, K]``, beta ``[B, T, H]``.
     Options as in ``recurrence``."""
-    return run(KDA, "linrnn.ops.kda", q, k, v, dict(g=g, beta=beta), _options(options))
+    return run(KDA, "linrnn.ops.kda", q, k, v, dict(g=g, beta=beta), parse_options(options))
 
 
 def gammanet(q, k, v, a, g, beta, log_gamma, **options):
@@ -182,7 +180,7 @@ def gammanet(q, k, v, a, g, beta, log_gamma, **options):
     States in and out are always the true ``S``.
     """
     inputs = dict(a=a, g=g, beta=beta, log_gamma=log_gamma)
-    return run(GAMMANET, "linrnn.ops.gammanet", q, k, v, inputs, _options(options))
+    return run(GAMMANET, "linrnn.ops.gammanet", q, k, v, inputs, parse_options(options))
 
 
 def gdn2(q, k, v, g, b, w, **options):
@@ -192,14 +190,14 @@ def gdn2(q, k, v, g, b, w, **options):
 
     g, b ``[B, T, H, K]`` (b in [0, 2]), w ``[B, T, H, V]``; options as in ``recurrence``. With b = w = β
     (broadcast) it is KDA."""
-    return run(GDN2, "linrnn.ops.gdn2", q, k, v, dict(g=g, b=b, w=w), _options(options))
+    return run(GDN2, "linrnn.ops.gdn2", q, k, v, dict(g=g, b=b, w=w), parse_options(options))
 
 
 def ssd(q, k, v, g, beta, **options):
     """Mamba-2's state-space duality (SSD) recurrence: ``S_t = exp(g_t) S_{t−1} + β_t k_t v_tᵀ`` with g, beta
     ``[B, T, H]`` (Mamba-2: q = C, k = B, v = x, β = Δ ≥ 0, g = Δ·A). Options as in ``recurrence``; Mamba-2 uses
     ``scale=1``."""
-    return run(SSD, "linrnn.ops.ssd", q, k, v, dict(g=g, beta=beta), _options(options))
+    return run(SSD, "linrnn.ops.ssd", q, k, v, dict(g=g, beta=beta), parse_options(options))
 
 
 def run(structure: Structure, op: str, q: Tensor, k: Tensor, v: Tensor, inputs: dict[str, Tensor | None],
@@ -326,13 +324,10 @@ def _run_kernels(op, q, w, v, e, g, beta, options, log_gamma=None, erase_gate=No
             q, w, e, v = (x.to(gamma.dtype) for x in (q, w, e, v))
             q, w = q * gamma, w / gamma
         o, final = recurrence_reference(q, w, v, e, g, beta, erase_gate=erase_gate, **args)
-    elif erase_gate is not None:  # no custom op takes an erase gate yet: plain torch, differentiated by autograd
-        o, final = recurrence_chunked(q, w, v, e, g, beta, erase_gate=erase_gate, chunk_size=options.chunk_size,
-                                      **args)  # fmt: skip
     else:  # the custom op (linrnn.kernels.library), which folds q and w itself: torch.compile traces through it
         o, final = chunk_recurrence(q, w, v, e, g, beta, backend="triton" if use_triton else "torch",
                                     chunk_size=options.chunk_size, fp32_accurate=out_dtype == torch.float32,
-                                    log_gamma=log_gamma, **args)  # fmt: skip
+                                    log_gamma=log_gamma, erase_gate=erase_gate, **args)  # fmt: skip
     if log_gamma is not None and final is not None:
         final = final * gamma[:, :, None]
     return o.to(out_dtype), final

@@ -9,11 +9,11 @@ which of these terms exist; each term that exists is one input of the cell's op 
 
 - ``decay``: ``"none"`` (g = 0), ``"head"`` (g ``[B, T, H]``) or ``"channel"`` (g ``[B, T, H, K]``);
 - ``erase``: ``"off"`` (no erase term), ``"tied"`` (e = k) or ``"decoupled"`` (e = a, its own input ``[B, T, H, K]``);
-- ``erase_gate``: ``"beta"`` (the erase's strength is β ``[B, T, H]``, shared with the write; b = 1) or
-  ``"channel"`` (b ``[B, T, H, K]`` gates the erase per key channel on the side that reads the state, and there is
-  no β: Gated DeltaNet-2);
-- ``write``: ``"one"`` (β = 1 on the write), ``"beta"`` (β ``[B, T, H]``; with the erase off it scales the write
-  only, e.g. Mamba-2's step size Δ) or ``"channel"`` (w ``[B, T, H, V]`` per value channel);
+- ``write``: ``"one"`` (β = 1), ``"beta"`` (β ``[B, T, H]``, the strength of the write and of the erase; with the
+  erase off it scales the write only, e.g. Mamba-2's step size Δ) or ``"channel"`` (w ``[B, T, H, V]`` per value
+  channel, and β = 1);
+- ``erase_gate``: ``"beta"`` (b = 1: the erase's strength is β alone) or ``"channel"`` (b ``[B, T, H, K]`` gates the
+  erase per key channel on the side that reads the state: Gated DeltaNet-2);
 - ``conjugated``: Γ (``log_gamma`` ``[H, K]``), GammaNet's Γ-conjugated erase.
 """
 
@@ -55,9 +55,6 @@ class Structure:
                 raise ValueError(f"Structure: argument {name!r} must be one of {list(allowed)}, got {value!r}")
         if not isinstance(self.conjugated, bool):
             raise ValueError(f"Structure: argument 'conjugated' must be a bool, got {self.conjugated!r}")
-        if self.erase != "off" and self.erase_gate == "beta" and self.write != "beta":
-            raise ValueError(f"Structure: an erase of strength β shares β with the write, so 'write' must be 'beta', "
-                             f"got {self.write!r} (or set erase_gate='channel')")  # fmt: skip
         if self.erase == "off" and self.erase_gate != "beta":
             raise ValueError(f"Structure: erase_gate={self.erase_gate!r} needs an erase, got erase='off'")
         if self.conjugated and self.erase == "off":

@@ -67,7 +67,7 @@ class ModelConfig(BaseModel):
         """The ``mixer`` options for a layer of ``cell``. In a hybrid, an option of a part the layer does not have
         (a recurrence's short conv for an attention layer: ``CellSpec.unused_options``) applies to the other layers
         only; a single-mixer model passes them all (``build_mixer`` refuses what does not apply)."""
-        if self.layer_pattern is None or len(set(self.layer_cells)) == 1:
+        if len(set(self.layer_cells)) == 1:
             return dict(self.mixer)
         unused = get_cell(cell).unused_options
         return {name: value for name, value in self.mixer.items() if name not in unused}

@@ -29,18 +29,22 @@ from torch import Tensor, nn
 from linrnn.errors import UsageError, one_line
 from linrnn.models.config import ModelConfig
 from linrnn.models.lm import LanguageModel
+from linrnn.recurrences.registry import get_cell
 
 
 @dataclass(frozen=True)
 class Family:
     """An FLA model that is linrnn's generic model with one cell: its names and the config it needs."""
 
-    model_type: str  # config.json's
-    cell: str
+    cell: str  # linrnn's cell; FLA's model_type (config.json's) is its CellSpec.fla
     architecture: str
     mixer_names: dict[str, str]  # linrnn's name under "mixer." → FLA's under "attn."
     required: dict[str, tuple[Any, tuple]]  # FLA config field → (FLA's default, the values linrnn can take)
     output_gate: str  # linrnn's mixer option of that name
+
+    @property
+    def model_type(self) -> str:
+        return get_cell(self.cell).fla
 
 
 _SHARED_MIXER_NAMES = {
@@ -58,7 +62,6 @@ _SHARED_REQUIRED = {
     "attnres_block_size": (None, (None,)),
 }
 _GDN = Family(
-    model_type="gated_deltanet",
     cell="gated_deltanet",
     architecture="GatedDeltaNetForCausalLM",
     mixer_names={**_SHARED_MIXER_NAMES, "f_proj.weight": "a_proj.weight", "g_proj.weight": "g_proj.weight"},
@@ -66,7 +69,6 @@ _GDN = Family(
     output_gate="silu",
 )
 _KDA = Family(
-    model_type="kda",
     cell="kda",
     architecture="KDAForCausalLM",
     mixer_names={

@@ -53,10 +53,9 @@ class RMSNorm(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: ModelConfig, cell: str | None = None):
+    def __init__(self, config: ModelConfig, cell: str):
         super().__init__()
         backend = config.mixer.get("backend", "auto")
-        cell = cell or config.cell
         self.mixer_norm = RMSNorm(config.hidden_size, config.norm_eps, backend)
         self.mixer = build_mixer(cell, config.hidden_size, config.num_heads, **config.mixer_options(cell))
         self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps, backend)

@@ -86,7 +86,7 @@ class CellSpec:
         if self.structure is None:
             raise UsageError(f"{self.name} is not a recurrence: it has no op")
         given = {name: inputs.pop(name) for name in list(inputs) if name not in ops.OPTIONS}
-        return ops.run(self.structure, f"cell {self.name!r}", q, k, v, given, ops._options(inputs))
+        return ops.run(self.structure, f"cell {self.name!r}", q, k, v, given, ops.parse_options(inputs))
 
 
 _CELLS: dict[str, CellSpec] = {}

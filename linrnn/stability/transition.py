@@ -92,7 +92,10 @@ def needed_inputs(cell: str) -> set[str]:
         needs.add("decay")
     if structure.erase != "off":
         needs.add("erase")
-        needs.add("erase_gate" if structure.erase_gate == "channel" else "beta")
+        if structure.erase_gate == "channel":
+            needs.add("erase_gate")
+        if structure.has_beta:
+            needs.add("beta")
     if structure.conjugated:
         needs.add("gamma")
     if stability_cell(cell) == "kda_f":

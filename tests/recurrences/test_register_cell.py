@@ -91,5 +91,7 @@ def test_registering_refuses_a_taken_name_and_an_unknown_role(cell):
     with pytest.raises(linrnn.errors.UsageError, match=r"unknown roles \['weights'\]"):
         linrnn.register_cell(linrnn.CellSpec(name="other", mixer=SigmoidGatedDeltaNet, structure=spec.structure,
                                              cell_roles={"f_proj.weight": "weights"}))  # fmt: skip
-    with pytest.raises(ValueError, match=r"'write' must be 'beta'"):
-        linrnn.Structure(decay="head", erase="tied", write="one")
+    with pytest.raises(ValueError, match=r"erase_gate='channel' needs an erase, got erase='off'"):
+        linrnn.Structure(decay="head", erase="off", erase_gate="channel")
+    with pytest.raises(ValueError, match=r"argument 'decay' must be one of \['none', 'head', 'channel'\], got 'row'"):
+        linrnn.Structure(decay="row")

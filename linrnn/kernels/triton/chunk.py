@@ -20,7 +20,7 @@ import triton
 from torch import Tensor
 
 from linrnn.kernels import to_device
-from linrnn.kernels.triton import new_output
+from linrnn.kernels.triton import CHUNK, new_output
 from linrnn.kernels.triton.chunk_bwd import (
     chunk_bwd_fused_kernel,
     chunk_bwd_intra_kernel,
@@ -40,7 +40,6 @@ from linrnn.kernels.triton.chunk_fwd import (
     chunk_state_fwd_kernel,
 )
 
-CHUNK = 64
 SUB_CHUNK = 16
 MAX_BLOCK = 256  # K up to 256: the state kernels hold all of K
 STATE_BLOCK_V = {64: 64, 128: 64, 256: 16}  # key width -> most value columns per state-pass program
