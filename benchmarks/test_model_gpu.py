@@ -52,7 +52,6 @@ ROUNDS = int(os.environ.get("MODEL_BENCH_ROUNDS", "8"))
 PAIRS = [tuple(p.split(":")) for p in os.environ.get("MODEL_BENCH_PAIRS", "").split(",") if p]
 DEADLINE = float(os.environ.get("MODEL_BENCH_DEADLINE", "inf"))  # epoch seconds: later tests skip
 VOCAB, HIDDEN, LAYERS, HEADS, MLP = (32000, 1024, 21, 6, 2816) if DEVICE == "cuda" else (512, 64, 2, 2, 128)
-CELLS = {"gdn": "gated_deltanet", "kda": "kda", "gammanet": "gammanet"}
 if os.environ.get("MODEL_BENCH_LOCAL_FIRST") in ("0", "1"):
     from linrnn.kernels.triton import chunk
 
@@ -62,13 +61,16 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("needs CUDA (or MODEL_BENCH_DEVICE=cpu for a dry run)", allow_module_level=True)
 
 
-def linrnn_model(cell: str):
+def linrnn_model(name: str):
+    """linrnn's model of a cell or a named hybrid as the training configs name them (``gdn``, ``gdn-hybrid``)."""
     import linrnn
+    from linrnn.training.names import cells, resolve_cell
 
+    cell, pattern = resolve_cell(cells()[name])
     if DEVICE == "cuda":
-        return linrnn.build_model(cell, preset="340m")
+        return linrnn.build_model(cell, preset="340m", layer_pattern=pattern)
     return linrnn.build_model(cell, vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=LAYERS, num_heads=HEADS,
-                              intermediate_size=MLP)  # fmt: skip
+                              intermediate_size=MLP, layer_pattern=pattern)  # fmt: skip
 
 
 def fla_model(cell: str):
@@ -98,10 +100,10 @@ def llama_model(steps: int):
 
 def build(name: str, steps: int):
     """(model, loss(input_ids, targets), extra_info)."""
-    family, *rest = name.split("_")  # linrnn_<cell>[_compiled], fla_<cell>, llama
+    family, *rest = name.split("_")  # linrnn_<cell>[_compiled] (a config name's cell: gdn, gdn-hybrid), fla_<cell>
     cell, mode = (rest[0], rest[1:]) if rest else (None, [])
     if family == "linrnn":
-        model = linrnn_model(CELLS[cell])
+        model = linrnn_model(cell)
         if mode == ["compiled"]:
             torch._dynamo.reset()  # a fresh cache per test: another shape would otherwise recompile as dynamic
             return model, torch.compile(model.loss, fullgraph=True, dynamic=False), {}

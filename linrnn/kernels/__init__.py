@@ -3,6 +3,8 @@
 import torch
 from torch import Tensor
 
+TRITON_CHUNK = 64  # the chunk length (tokens) of the Triton chunkwise kernels
+
 
 def to_device(x: Tensor, device: torch.device) -> Tensor:
     """``x`` on ``device``; a CPU tensor goes through pinned memory without blocking, so the host does not wait

@@ -30,7 +30,7 @@ from torch import Tensor
 from linrnn.kernels.library import chunk_recurrence
 from linrnn.kernels.reference import compute_dtype, recurrence_reference
 from linrnn.kernels.structure import INPUTS, Structure
-from linrnn.kernels.triton import CHUNK as TRITON_CHUNK
+from linrnn.kernels import TRITON_CHUNK
 from linrnn.kernels.validation import (
     check_cu_seqlens,
     check_options,
@@ -296,7 +296,7 @@ def _run_kernels(op, q, w, v, e, g, beta, options, log_gamma=None, erase_gate=No
         if problem and options.backend == "triton":
             fail(op, f"backend 'triton' {problem}")
         use_triton = problem is None  # "auto" falls back to the torch path, saying so once per reason
-        if problem and q.is_cuda:
+        if problem and q.is_cuda and not torch.compiler.is_compiling():  # dynamo cannot trace warnings.warn
             _warn_fallback(op, problem)
     if options.chunk_size not in (None, TRITON_CHUNK) and (use_triton or options.backend == "reference"):
         where = "the Triton kernels use chunks of 64" if use_triton else "backend 'reference' is sequential"

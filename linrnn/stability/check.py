@@ -6,7 +6,8 @@ Random draws (``random_inputs``), ``draws`` steps in sequences of ``horizon`` st
 - decay α per head or per channel: ``exp(−10^u)``, u ~ U(−4, 2), so α covers (0, 1) from e^−100 to 1 − 1e−4;
   each entry is then set to exactly 1 with probability 0.1 and to exactly 0 with probability 0.05;
 - beta ~ U(0, beta_max), exactly 0, 1 or beta_max with probability 0.05 each (beta_max = 2: negative
-  eigenvalues allowed, the widest range any cell admits);
+  eigenvalues allowed, the widest range any cell admits); a per-channel erase gate b (Gated DeltaNet-2) per channel
+  likewise;
 - erase directions uniform on the unit sphere;
 - GammaNet: one Γ per sequence with cond(Γ) log-uniform in [1, gamma_cond] (its extreme channels at
   ``±log(cond)/2`` in log Γ, the rest uniform between);
@@ -14,7 +15,7 @@ Random draws (``random_inputs``), ``draws`` steps in sequences of ``horizon`` st
   and Γ as above.
 
 Adversarial search: gradient ascent (Adam, lr 0.05) over unconstrained parameters mapped onto the
-admissible set (α = sigmoid, β = beta_max · sigmoid, e = normalize, log Γ = log(gamma_cond)/2 · tanh, F free or
+admissible set (α = sigmoid, β and b = beta_max · sigmoid, e = normalize, log Γ = log(gamma_cond)/2 · tanh, F free or
 F = expm(W − Wᵀ) Diag(exp s)), ``restarts`` random starts × ``steps`` steps, each start climbing one of three
 objectives: the spectral radius of its first step (through ``log ‖A^64‖₂ / 64``, whose gradient is smooth), the
 first step's norm in the certificate's metric, and the growth of its ``horizon``-step sequence relative to the
@@ -160,15 +161,9 @@ def random_inputs(cell: str, sequences: int, horizon: int, key_dim: int, *, beta
         pick = torch.rand(decay_shape, **options)
         inputs["decay"] = torch.where(pick < 0.1, 1.0, torch.where(pick < 0.15, 0.0, alpha))
     if "beta" in needs:
-        beta = torch.rand(shape, **options) * beta_max
-        pick = torch.rand(shape, **options)
-        edges = torch.where(pick < 0.05, 0.0, torch.where(pick < 0.1, 1.0, beta_max))
-        inputs["beta"] = torch.where(pick < 0.15, edges.clamp(max=beta_max), beta)
+        inputs["beta"] = _random_strength(shape, beta_max, options)
     if "erase_gate" in needs:  # per channel, drawn as beta
-        gate = torch.rand(shape + (key_dim,), **options) * beta_max
-        pick = torch.rand(shape + (key_dim,), **options)
-        edges = torch.where(pick < 0.05, 0.0, torch.where(pick < 0.1, 1.0, beta_max))
-        inputs["erase_gate"] = torch.where(pick < 0.15, edges.clamp(max=beta_max), gate)
+        inputs["erase_gate"] = _random_strength(shape + (key_dim,), beta_max, options)
     if "erase" in needs:
         inputs["erase"] = F_.normalize(torch.randn(shape + (key_dim,), **options), dim=-1)
     if "gamma" in needs:
@@ -176,6 +171,14 @@ def random_inputs(cell: str, sequences: int, horizon: int, key_dim: int, *, beta
     if "F" in needs:
         inputs["F"] = _basis(F, sequences, key_dim, gamma_cond, generator)[:, None]
     return inputs
+
+
+def _random_strength(shape: tuple[int, ...], beta_max: float, options: dict) -> Tensor:
+    """U(0, beta_max), exactly 0, 1 or beta_max with probability 0.05 each."""
+    strength = torch.rand(shape, **options) * beta_max
+    pick = torch.rand(shape, **options)
+    edges = torch.where(pick < 0.05, 0.0, torch.where(pick < 0.1, 1.0, beta_max))
+    return torch.where(pick < 0.15, edges.clamp(max=beta_max), strength)
 
 
 def _random_gamma(count: int, size: int, max_cond: float, generator) -> Tensor:

@@ -101,15 +101,16 @@ def test_whole_model_on_packed_documents_breaks_once():
 
 
 @pytest.mark.parametrize(
-    ("backend", "varlen", "initial_state", "folded"),
-    [("torch", False, False, False), ("torch", False, True, False), ("torch", True, False, False),
-     ("torch", True, True, False), ("torch", False, True, True),
-     ("triton", True, True, True)],  # the interpreter takes ~15 s a case
+    ("backend", "varlen", "initial_state", "folded", "gated"),
+    [("torch", False, False, False, False), ("torch", False, True, False, False), ("torch", True, False, False, False),
+     ("torch", True, True, False, False), ("torch", False, True, True, False), ("torch", True, True, False, True),
+     ("triton", True, True, True, False)],  # the interpreter takes ~15 s a case
 )  # fmt: skip
-def test_custom_op_registration(backend, varlen, initial_state, folded):
+def test_custom_op_registration(backend, varlen, initial_state, folded, gated):
     """``torch.library.opcheck``: schema, autograd registration, fake tensors against the real op (shapes, dtypes,
     strides), AOT dispatch; the Triton path in fp32 (under the interpreter on a CPU), the torch path in fp64.
-    ``folded``: GammaNet's form, a decoupled write key and ``log_gamma``. With ``keep_states`` and ``keep_intra`` (the
+    ``folded``: GammaNet's form, a decoupled write key and ``log_gamma``; ``gated``: a per-channel erase gate
+    (Gated DeltaNet-2, torch path). With ``keep_states`` and ``keep_intra`` (the
     Triton forward returns its chunk states and intra-chunk matrices for the backward; varlen: as many state rows as
     the shapes bound)."""
     if backend == "triton":
@@ -135,7 +136,9 @@ def test_custom_op_registration(backend, varlen, initial_state, folded):
     w = leaf(batch_size, steps, heads, key_dim) if folded else None
     log_gamma = (0.3 * torch.randn(heads, key_dim, dtype=dtype, device=device)).requires_grad_() if folded else None
     keep = backend == "triton"  # the chunk states, and the intra-chunk matrices too
-    args = (q, k, w, v, g, beta, state, cu_seqlens, log_gamma, True, 0.3, True, True, backend, 4, keep, keep)
+    erase_gate = torch.rand(batch_size, steps, heads, key_dim, dtype=dtype, requires_grad=True) if gated else None
+    args = (q, k, w, v, g, beta, state, cu_seqlens, log_gamma, erase_gate, True, 0.3, True, True, backend, 4, keep,
+            keep)  # fmt: skip
     results = torch.library.opcheck(library.chunk_forward_op, args)
     assert set(results.values()) == {"SUCCESS"}, results
 

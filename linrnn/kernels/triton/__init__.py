@@ -3,8 +3,6 @@
 import torch
 from torch import Tensor
 
-CHUNK = 64  # the chunkwise kernels' chunk length (tokens)
-
 
 def new_output(shape, dtype, device) -> Tensor:
     """Uninitialised output buffer. Each kernel module calls it by its own global name, so tests replace that

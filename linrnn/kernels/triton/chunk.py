@@ -20,7 +20,8 @@ import triton
 from torch import Tensor
 
 from linrnn.kernels import to_device
-from linrnn.kernels.triton import CHUNK, new_output
+from linrnn.kernels import TRITON_CHUNK as CHUNK
+from linrnn.kernels.triton import new_output
 from linrnn.kernels.triton.chunk_bwd import (
     chunk_bwd_fused_kernel,
     chunk_bwd_intra_kernel,
