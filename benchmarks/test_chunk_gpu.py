@@ -38,7 +38,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import TRITON_CELLS, OPS
+from tests.helpers import CELLS, OPS
 
 BACKEND = os.environ.get("CHUNK_BENCH_BACKEND", "triton")  # linrnn's backend under test
 DEVICE = os.environ.get("CHUNK_BENCH_DEVICE", "cuda")
@@ -176,7 +176,7 @@ def test_sdpa(benchmark, shape, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("impl", ["linrnn", "fla"])
-@pytest.mark.parametrize("cell", TRITON_CELLS)
+@pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_chunk(benchmark, shape, cell, impl, mode):
     if impl == "fla" and fla_ops is None:

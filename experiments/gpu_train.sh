@@ -15,6 +15,7 @@
 #                                      # step's time goes (experiments/trace_summary.py) in $OUT/trace_summary.txt
 #   bash experiments/gpu_train.sh fsdp     # nvidia-h200-x2: the packed-document GPU test, then the same global batch
 #                                      # (4 × 4096) on 1 GPU, on 1 GPU as 2 micro-batches, and on 2 GPUs with FSDP
+# TRAIN_CONFIG names the config (default gdn_340m_sp; e.g. gdn-hybrid_340m_sp, the 3:1 hybrid, with mode mfu).
 # TRAIN_EXTRA="--flag value ..." adds torchtitan flags to the mfu and profile runs (e.g.
 # "--parallelism.fsdp_reshard_after_forward never").
 # Carry .whl (fla-core, pydantic), .whl-train (torchtitan and its pure-Python dependencies, tokenizers), .data
@@ -32,7 +33,8 @@ mkdir -p "$TRITON_CACHE_DIR"
 if [ -f .triton_cache.tgz ]; then tar xzf .triton_cache.tgz -C "$TRITON_CACHE_DIR"; fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "import torch, triton, torchtitan; print('torch', torch.__version__, 'triton', triton.__version__, 'torchtitan 0.3.0')"
-common=(--config gdn_340m_sp --metrics.log_freq 10 --checkpoint.no-enable)
+config="${TRAIN_CONFIG:-gdn_340m_sp}"
+common=(--config "$config" --metrics.log_freq 10 --checkpoint.no-enable)
 
 run() {  # run NAME SECONDS NPROC ENTRY ARGS...: one torchrun, its log in $OUT/NAME.log
   local name="$1" seconds="$2" nproc="$3" entry="$4"
@@ -61,12 +63,12 @@ elif [ "$mode" = curve ]; then
       --compile.enable
     runs+=("eager-seed$seed=$out/eager-seed$seed" "compiled-seed$seed=$out/compiled-seed$seed")
   done
-  python3 experiments/train_report.py "${runs[@]}" --config gdn_340m_sp | tee "$out/report.md"
+  python3 experiments/train_report.py "${runs[@]}" --config "$config" | tee "$out/report.md"
 elif [ "$mode" = mfu ]; then
   # shellcheck disable=SC2086
   run compiled "${CURVE_COMPILED_S:-330}" 1 "-m linrnn.train" --training.steps 200 --validator.no-enable --compile.enable \
     ${TRAIN_EXTRA:-}
-  python3 experiments/train_report.py compiled="$out/compiled" --config gdn_340m_sp | tee "$out/report.md"
+  python3 experiments/train_report.py compiled="$out/compiled" --config "$config" | tee "$out/report.md"
 elif [ "$mode" = profile ]; then
   # shellcheck disable=SC2086
   run profiled "${CURVE_COMPILED_S:-240}" 1 "-m linrnn.train" --training.steps 40 --validator.no-enable --compile.enable \

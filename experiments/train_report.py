@@ -96,11 +96,13 @@ def mfu_6n_ratio(config_name: str) -> float:
     canonical = configs.canonical_config_name(config_name)
     if canonical is None:
         raise SystemExit(f"train_report.py: --config {config_name!r} names no linrnn.training config")
-    cell, size, _ = canonical.split("_")
-    config = model_config(configs.CELLS[cell], configs.SIZES[size].preset, **configs.SIZES[size].overrides)
+    cell, size, _ = configs.parse_config_name(canonical)
+    model_cell, pattern = configs.resolve_cell(configs.cells()[cell])
+    layers = {"layer_pattern": pattern} if pattern else {}
+    config = model_config(model_cell, size, **configs.SIZES[size].overrides, **layers)  # size NAME: preset NAME
     with torch.device("meta"):
         parameters = LanguageModel(config).num_parameters()
-    return 6 * parameters / flops_per_token(config)
+    return 6 * parameters / flops_per_token(config, seq_len=configs.SIZES[size].seq_len)  # seq_len: attention
 
 
 if __name__ == "__main__":

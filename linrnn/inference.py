@@ -1,15 +1,21 @@
 """Generation engine: fixed batch slots with preallocated state, continuous batching, per-request sampling.
 
 A linear RNN's decode state has a fixed size, so every decode step has the same shapes. ``Engine(model, slots)``
-keeps, for every layer, the short-conv histories ``[slots, C, W − 1]``, the recurrent state ``[slots, H, K, V]`` and
-each slot's position, and the layers update them in place (``MixerState.in_place``). Waiting requests are prefilled
-together into the free slots, their prompts packed as documents of one sequence (the chunkwise varlen kernels; at
-most ``prefill_tokens`` tokens per forward unless one prompt is longer), and their states copied into their slots;
-then one step advances every slot by one token (the fused recurrent kernel reads and writes each slot's state once)
-— embedding, every layer, readout, sampling — and, on CUDA, that step is one CUDA graph replay (captured on first
-use, once for all-greedy steps and once for sampling). Slots finish and take the next request independently, without
-re-capturing. Attention layers, whose KV cache grows with every token, do not fit fixed slots: ``Engine`` refuses
-them, and ``decode_one`` (one request at a time, the same sampling) or ``linrnn.generate`` decodes such models.
+keeps, for every recurrence layer, the short-conv histories ``[slots, C, W − 1]`` and the recurrent state
+``[slots, H, K, V]``, and each slot's position; the layers update them in place (``MixerState.in_place``). Attention
+layers (a hybrid such as ``layer_pattern=["gdn", "gdn", "gdn", "attention"]``, or a pure attention model) keep a KV
+cache preallocated to ``max_length`` positions per slot, ``[slots, H, max_length, K]`` for keys and for values: a
+step writes each slot's new key and value at its position and attends over its first position + 1 entries (a mask
+by length, so a reused slot never reads the previous request's keys), with the mixer's own RoPE and scaling. A
+request needs len(prompt) + max_new_tokens ≤ ``max_length`` (``UsageError`` before anything runs otherwise); a model
+without attention layers ignores ``max_length`` and takes any length. Waiting requests are prefilled together into
+the free slots, their prompts packed as documents of one sequence (the chunkwise varlen kernels; at most
+``prefill_tokens`` tokens per forward unless one prompt is longer), and their states (and keys and values) copied
+into their slots; then one step advances every slot by one token (the fused recurrent kernel reads and writes each
+slot's state once) — embedding, every layer, readout, sampling — and, on CUDA, that step is one CUDA graph replay
+(captured on first use, once for all-greedy steps and once for sampling). Slots finish and take the next request
+independently, without re-capturing. ``decode_one`` decodes one request at a time with the model's own growing state
+and the same sampling: the reference the engine matches.
 
 Sampling is per request: greedy (``temperature = 0``), temperature, top-k, top-p, stop tokens, a token budget and
 a seed. The random draw for the n-th new token of a request is a function of (seed, n, token id) only — a
@@ -34,7 +40,6 @@ from torch import Tensor
 from linrnn.errors import UsageError
 from linrnn.models.lm import LanguageModel, _check_prompt
 from linrnn.recurrences.base import MixerState
-from linrnn.recurrences.registry import get_cell
 
 
 class Sampling(BaseModel):
@@ -93,17 +98,11 @@ def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, se
     return torch.where(temperature > 0, drawn, logits.argmax(dim=-1))
 
 
-def growing_cache_layers(model: LanguageModel) -> list[str]:
-    """The mixers of ``model`` that are not recurrences (attention: a KV cache that grows), which ``Engine``
-    refuses; empty when the engine takes the model."""
-    return sorted({layer.mixer.cell for layer in model.layers if get_cell(layer.mixer.cell).kind != "recurrence"})
-
-
 @torch.no_grad()
 def decode_one(model: LanguageModel, prompt: Tensor, sampling: Sampling = DEFAULT_SAMPLING) -> Request:
     """One request decoded token by token with the model's own state (any layers: a KV cache grows), with
-    ``Engine``'s sampling (the same ``sample`` and noise, so the same tokens as the engine for a model it takes).
-    For models the engine refuses (attention layers); returns the finished request."""
+    ``Engine``'s sampling (the same ``sample`` and noise, so the same tokens as the engine); no slots and no length
+    limit. Returns the finished request."""
     if not isinstance(sampling, Sampling):
         raise UsageError(f"decode_one: argument 'sampling' must be a linrnn.inference.Sampling, got "
                          f"{type(sampling).__name__}")  # fmt: skip
@@ -129,23 +128,24 @@ def decode_one(model: LanguageModel, prompt: Tensor, sampling: Sampling = DEFAUL
     return request
 
 
+DEFAULT_MAX_LENGTH = 2048  # Engine's KV-cache positions per slot, for models with attention layers
+
+
 class Engine:
     """Continuous-batching generation over ``slots`` fixed slots (module docstring). ``cuda_graph`` (default: on
-    for a CUDA model) captures the decode step once and replays it."""
+    for a CUDA model) captures the decode step once and replays it. ``max_length`` (default 2048): the positions of
+    each slot's KV cache in attention layers, the longest prompt + ``max_new_tokens`` a request may have; memory
+    2 · slots · max_length · H · K elements per attention layer. ``self.max_length`` is None for a model without
+    attention layers, which keeps no cache and takes any length."""
 
     def __init__(self, model: LanguageModel, slots: int = 8, cuda_graph: bool | None = None,
-                 prefill_tokens: int = 16384):  # fmt: skip
+                 prefill_tokens: int = 16384, max_length: int = DEFAULT_MAX_LENGTH):  # fmt: skip
         if not isinstance(slots, int) or slots < 1:
             raise UsageError(f"Engine: argument 'slots' must be an int >= 1, got {slots!r}")
         if not isinstance(prefill_tokens, int) or prefill_tokens < 1:
             raise UsageError(f"Engine: argument 'prefill_tokens' must be an int >= 1, got {prefill_tokens!r}")
-        growing = growing_cache_layers(model)
-        if growing:
-            raise UsageError(
-                f"Engine: argument 'model' must have recurrence layers only, whose decode state has a fixed size; got "
-                f"{', '.join(growing)} layers, whose KV cache grows with every token. Use linrnn.generate(model, "
-                f"prompt_ids, max_new_tokens) instead"
-            )
+        if not isinstance(max_length, int) or max_length < 1:
+            raise UsageError(f"Engine: argument 'max_length' must be an int >= 1, got {max_length!r}")
         self.prefill_tokens = prefill_tokens
         self.model = model.eval()
         self.slots = slots
@@ -165,11 +165,20 @@ class Engine:
         self.next_tokens = torch.zeros(slots, **long)  # the step's output
         with torch.no_grad():  # the state buffers: shapes and dtypes of a real step's, zeroed
             _, state = model(self.tokens, return_state=True)
-        self.states = [MixerState(conv={k: torch.zeros_like(v) for k, v in layer.conv.items()},
-                                  recurrent=torch.zeros_like(layer.recurrent), position=self.positions, in_place=True)
-                       for layer in state]  # fmt: skip
+        has_kv = any(layer.kv is not None for layer in state)
+        self.max_length = max_length if has_kv else None  # None: no KV cache, any length
+        self.states = [self._buffers(layer) for layer in state]
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}  # by greedy: argmax only, or the full sampling
         self._captured_parameters = None  # the parameters' identity when the graphs were captured
+
+    def _buffers(self, layer: MixerState) -> MixerState:
+        """One layer's slot buffers, zeroed, from its state after one token per slot."""
+        if layer.kv is not None:  # attention: [slots, H, 1, K] → [slots, H, max_length, K]
+            kv = tuple(h.new_zeros(self.slots, h.shape[1], self.max_length, h.shape[3]) for h in layer.kv)
+            return MixerState(kv=kv, position=self.positions, in_place=True)
+        return MixerState(conv={k: torch.zeros_like(v) for k, v in layer.conv.items()},
+                          recurrent=torch.zeros_like(layer.recurrent), position=self.positions,
+                          in_place=True)  # fmt: skip
 
     def stream(self, prompts: Sequence[Tensor], sampling: Sampling | Sequence[Sampling] = DEFAULT_SAMPLING
                ) -> Iterator[tuple[int, int]]:  # fmt: skip
@@ -242,13 +251,22 @@ class Engine:
                 raise UsageError(f"Engine: sampling {i} must be a linrnn.inference.Sampling, got "
                                  f"{type(setting).__name__}")  # fmt: skip
             _check_prompt(prompt, self.vocab_size)
+            if self.max_length is not None and len(prompt) + setting.max_new_tokens > self.max_length:
+                raise UsageError(
+                    f"Engine: request {i} needs len(prompt) + max_new_tokens = {len(prompt)} + "
+                    f"{setting.max_new_tokens} = {len(prompt) + setting.max_new_tokens} KV-cache positions, more than "
+                    f"argument 'max_length' = {self.max_length} (the attention layers' cache per slot); expected at "
+                    f"most {self.max_length}: pass Engine(..., max_length={len(prompt) + setting.max_new_tokens}) or "
+                    f"more"
+                )
             requests.append(Request(i, prompt.to(self.device, torch.long), setting))
         return requests
 
     @torch.no_grad()
     def _prefill(self, batch: list[tuple[int, Request]]) -> list[tuple[int, Request, int | None]]:
         """Runs the prompts of ``batch`` ((slot, request) pairs) as packed documents in one forward, writes each
-        one's state into its slot and samples its first token: (slot, request, token or None if it ended)."""
+        one's state (attention: its keys and values, at positions 0 … len − 1) into its slot and samples its first
+        token: (slot, request, token or None if it ended)."""
         if not batch:
             return []
         slots = torch.tensor([slot for slot, _ in batch], device=self.device)
@@ -258,6 +276,10 @@ class Engine:
         hidden, state = self.model.hidden_states(torch.cat(prompts)[None], None, True, positions[None])
         logits = self.model.readout(hidden[0, lengths.cumsum(0) - 1])  # each prompt's last position
         for buffer, layer in zip(self.states, state, strict=True):  # one row per prompt, into its slot
+            if buffer.kv is not None:  # [D, H, L_max, K], zero past each prompt's length (masked in the steps)
+                for cache, new in zip(buffer.kv, layer.kv, strict=True):
+                    cache[:, :, : new.shape[2]].index_copy_(0, slots, new.to(cache.dtype))
+                continue
             buffer.recurrent.index_copy_(0, slots, layer.recurrent.to(buffer.recurrent.dtype))
             for name, history in layer.conv.items():
                 buffer.conv[name].index_copy_(0, slots, history.to(buffer.conv[name].dtype))
@@ -308,14 +330,16 @@ class Engine:
             self._step(greedy)
             return
         if greedy not in self._graphs:  # warm up on a side stream (kernels compile, allocator settles), then capture
-            saved = [(b.recurrent.clone(), {k: v.clone() for k, v in b.conv.items()}) for b in self.states]
+            # KV caches need no undo: the warm-up writes each slot's entry at its position, which the step rewrites
+            recurrences = [b for b in self.states if b.kv is None]
+            saved = [(b.recurrent.clone(), {k: v.clone() for k, v in b.conv.items()}) for b in recurrences]
             position = self.positions.clone()
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self._step(greedy)
             torch.cuda.current_stream().wait_stream(side)
-            for buffer, (recurrent, conv) in zip(self.states, saved, strict=True):  # undo the warm-up step
+            for buffer, (recurrent, conv) in zip(recurrences, saved, strict=True):  # undo the warm-up step
                 buffer.recurrent.copy_(recurrent)
                 for name, history in conv.items():
                     buffer.conv[name].copy_(history)

@@ -11,7 +11,6 @@ import linrnn
 
 CELLS = linrnn.list_cells()  # every registered recurrence cell
 OPS = {cell: linrnn.get_cell(cell).op for cell in CELLS}
-TRITON_CELLS = [cell for cell in CELLS if linrnn.ops.triton_takes(linrnn.get_cell(cell).structure)]
 
 
 def make_inputs(

@@ -14,6 +14,8 @@ from linrnn.cli import coord_check as coord_check_command
 from linrnn.cli import stability as stability_command
 from linrnn.errors import UsageError
 from linrnn.models import load_checkpoint, model_config, save_checkpoint
+from linrnn.models.config import PRESET_ALIASES
+from linrnn.training import names
 
 
 def error_line(capsys, argv: list[str]) -> str:
@@ -144,9 +146,17 @@ def test_one_spelling_per_name_and_aliases(capsys):
     assert parametrizations.get("gdnmup").name == parametrizations.get("gdn_mup").name == "gdn-mup"
     with pytest.raises(ValueError, match="alias"):
         parametrizations.register(type("Variant", (parametrizations.Parametrization,), {"name": "gdnmup"})())
-    assert model_config("gdn", "tiny") == model_config("gdn", "byte-tiny") == model_config("gdn")
+    assert model_config("gdn") == model_config("gdn", "byte-tiny")
     assert model_config("gdn", "paper256") == model_config("gdn", "paper-256")
-    assert "byte-tiny" in linrnn.list_presets() and "tiny" not in linrnn.list_presets()
+    # one table of sizes: "tiny" is the model linrnn train --size tiny trains, the training sizes are presets
+    tiny = model_config("gdn", "tiny")
+    assert (tiny.vocab_size, tiny.hidden_size, tiny.num_layers, tiny.intermediate_size) == (4096, 128, 4, 512)
+    assert linrnn.list_presets()[:2] == ["byte-tiny", "tiny"] and "paper256" not in linrnn.list_presets()
+    assert list(names.SIZES) == [size for size in linrnn.list_presets() if size != "byte-tiny"]
+    assert names.SIZE_ALIASES is PRESET_ALIASES and names.PARAMETRIZATION_ALIASES is parametrizations.ALIASES
+    assert names.canonical_training_size("paper256") == "paper-256"
+    with pytest.raises(UsageError, match=r"argument 'size': expected one of tiny, paper-256, .*, got 'byte-tiny'"):
+        names.canonical_training_size("byte-tiny")
     assert main(["presets"]) == 0
     listed = capsys.readouterr().out
-    assert "byte-tiny" in listed and "│ tiny" not in listed
+    assert "byte-tiny" in listed and "│ tiny" in listed

@@ -1,5 +1,6 @@
-"""linrnn.parametrizations: the registry, the per-role rules (seed 000's SGD gate rules among them), the base-width
-equivalence with SP, param_groups, and the coordinate check: flat under muP and GDN-muP, growing under SP."""
+"""linrnn.parametrizations: the registry, the per-role rules (the GDN-muP paper's SGD gate rules among them), the
+base-width equivalence with SP, param_groups, and the coordinate check: flat under muP and GDN-muP, growing under
+SP."""
 
 from __future__ import annotations
 
@@ -181,7 +182,7 @@ def test_param_groups_weight_decay():
     torch.optim.AdamW(groups)  # a torch optimizer takes them
 
 
-# Issue 5's coordinate check: widths 64-512, 3 steps, sizes averaged over 6 inits (docs/parametrizations.md).
+# The coordinate check: widths 64-512, 3 steps, sizes averaged over 6 inits (docs/parametrizations.md).
 FLAT_BOUND = 0.15
 COORD_SEEDS = tuple(range(6))
 MUP_SETTINGS = [("gdn-mup", "adamw", 1e-3), ("gdn-mup", "sgd", 0.1)]  # mup under AdamW: the same model, below
@@ -205,8 +206,10 @@ def test_mup_and_gdn_mup_agree_under_adamw(cell):
 # GammaNet under AdamW: its read Sᵀq̂ grows with width once layer 1's q and k align with the state (slope 0.16 at
 # step 3; 0.09 with that layer's q/k frozen), which the √d_k multiplier's independence assumption does not cover
 # (docs/parametrizations.md, "Where the check fails"). Strict: the mark goes when the cell passes.
-GAMMANET_ADAMW_DRIFT = pytest.mark.xfail(strict=True, reason="GammaNet's o drifts with width under AdamW (q-k alignment)")
-# gdn2 and mamba2 (new in issue 38) have no coordinate-check record yet, and each check costs 30-75 s of CI: they
+GAMMANET_ADAMW_DRIFT = pytest.mark.xfail(
+    strict=True, reason="GammaNet's o drifts with width under AdamW (q-k alignment)"
+)
+# gdn2 and mamba2 (the newest cells) have no coordinate-check record yet, and each check costs 30-75 s of CI: they
 # join when their check has been run and documented
 COORD_CELLS = [cell for cell in CELLS if cell not in ("gdn2", "mamba2")]
 COORD_CASES = [

@@ -100,7 +100,7 @@ def chunk_cases(quick: bool):
     dtypes = [torch.bfloat16] if quick else [torch.bfloat16, torch.float32]
     # quick: the models' launches, plus the per-channel cells at K = 128, where the backward's 64-wide key blocks are
     # narrower than the whole key (a tile shape only there: a [BT, 128] and a [BT, 64] value under one name failed)
-    for cell in ["kda", "gammanet"] if quick else CELLS:
+    for cell in ["kda", "gammanet", "gdn2"] if quick else CELLS:
         for k, v in dims:
             for dtype in dtypes:
                 fixed = make_inputs(cell, B=2, T=128, H=2, K=k, V=v, dtype=dtype, initial_state=True)
@@ -170,7 +170,7 @@ def model_cases():
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the models, the engine, KDA and GammaNet at K = 128 "
+    parser.add_argument("--quick", action="store_true", help="the models, the engine, KDA, GammaNet, GDN-2 at K = 128 "
                         "and STATE_BWD_LOCAL_FIRST only (every kernel, a few shapes, about 3 minutes; CI)")  # fmt: skip
     parser.add_argument("--cache", action="store_true", help="keep the current Triton cache (default: a fresh one)")
     args = parser.parse_args()
@@ -185,7 +185,7 @@ def check(quick: bool) -> int:
     JITFunction.run = compile_only
     from linrnn.kernels import ops
 
-    ops._triton_problem = lambda tensors: None  # the kernels are compiled, not run: CPU tensors stand in
+    ops._triton_problem = lambda *args: None  # the kernels are compiled, not run: CPU tensors stand in
     start = time.time()
     errors = {}
     for label, case in [*chunk_cases(quick), *model_cases()]:

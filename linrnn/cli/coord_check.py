@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=positive_int, default=6,
                         help="average the sizes over this many inits (default 6)")  # fmt: skip
     parser.add_argument("--random-readout", action="store_true", help="σ-initialised readout instead of zero")
-    parser.add_argument("--no-pre-norm-multiplier", action="store_true", help="switch seed 000 §4.3's multiplier off")
+    parser.add_argument("--no-pre-norm-multiplier", action="store_true", help="switch the GDN-muP §4.3 multiplier off")
     parser.add_argument("--plot", type=plot_file, help="write the size-against-width plot here (png, pdf, svg)")
 
 

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{model.config.vocab_size} tokens")  # fmt: skip
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, seed=args.seed, stop_tokens=text.stop_tokens())  # fmt: skip
-    engine = Engine(model, slots=1)
+    engine = Engine(model, slots=1, max_length=len(prompt) + args.max_new_tokens)  # attention layers' KV cache
     tokens: list[int] = []
     shown = ""
     start = time.perf_counter()

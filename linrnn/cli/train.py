@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # No torchtitan import here: linrnn.training.compat must patch it first (in run)
     cells = list(names.cells())
     parser.add_argument("--cell", default="gdn", help=f"{', '.join(cells[:-1])} or {cells[-1]} (default gdn)")
-    parser.add_argument("--size", default="tiny", help="tiny, paper-256 … paper-1536, 340m or 1.3b (default tiny)")
+    sizes = names.training_sizes()
+    parser.add_argument("--size", default="tiny", help=f"{', '.join(sizes[:-1])} or {sizes[-1]}: the model preset of "
+                        "that name (linrnn presets) with the tokenizer's vocabulary (default tiny)")  # fmt: skip
     parser.add_argument("--param", default="sp", help="sp, mup or gdn-mup (default sp)")
     parser.add_argument("--steps", type=int, default=250, help="training steps (default 250)")
     parser.add_argument("--data", help="your documents: a .txt/.jsonl/.json/.parquet file, folder or glob")
@@ -31,16 +33,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="further torchtitan flags after --, e.g. -- --optimizer.lr 1e-3")
 
 
+def _check(flag: str, value: str, known: dict[str, str]) -> None:
+    if value not in known:
+        raise UsageError(f"argument {flag}: expected one of {', '.join(known)}, got {value!r}")
+
+
 def run(args: argparse.Namespace) -> int:
     # arguments, data and run folder are checked before torchtitan loads (seconds): errors come at once
     cells = names.cells()
     cell = {registry: short for short, registry in cells.items()}.get(args.cell, args.cell)
-    size = names.SIZE_ALIASES.get(args.size, args.size)
+    _check("--cell", cell, cells)
+    size = names.canonical_training_size(args.size, "--size")  # older spellings (paper256) resolve
     param = names.PARAMETRIZATION_ALIASES.get(args.param, args.param)
-    for flag, value, known in (("--cell", cell, cells), ("--size", size, names.SIZES),
-                               ("--param", param, names.PARAMETRIZATIONS)):  # fmt: skip
-        if value not in known:
-            raise UsageError(f"argument {flag}: expected one of {', '.join(known)}, got {value!r}")
+    _check("--param", param, names.PARAMETRIZATIONS)
     if args.steps < 1:
         raise UsageError(f"argument --steps: expected a positive number of steps, got {args.steps}")
     given = [flag for flag in args.overrides if flag.split("=")[0].startswith(job.DATA_FLAGS)]

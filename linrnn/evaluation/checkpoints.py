@@ -160,8 +160,8 @@ def _training_seq_len(config: str, overrides: list[str]) -> int | None:
     given = flag_value(list(overrides), "--training.seq_len")
     if given is not None:
         return int(given)
-    canonical = names.canonical_config_name(config)
-    return None if canonical is None else names.SIZES[canonical.split("_")[1]].seq_len
+    parsed = names.parse_config_name(config)
+    return None if parsed is None else names.SIZES[parsed[1]].seq_len
 
 
 def parse_device(text: str | None, argument: str) -> torch.device:

@@ -22,7 +22,7 @@ Text becomes tokens as in ``linrnn train``: ``<s>`` then the text's tokens (``To
   ``batch_size`` rows, longest first, padded on the right, which changes nothing before a row's last token.
 - ``loglikelihood_rolling`` (text): the log-probability of all the text's tokens after ``<s>``, in one pass.
 - ``generate_until`` (context, generation kwargs): through ``linrnn.Engine`` with ``batch_size`` slots (a model with
-  attention layers, which the engine refuses: ``linrnn.inference.decode_one``, one request at a time), greedy
+  attention layers: their KV cache per slot holds the longest prompt + ``max_gen_toks`` of the call), greedy
   unless ``do_sample`` (then ``temperature``, ``top_k``, ``top_p``, seed 0), ending at ``</s>`` or after
   ``max_gen_toks`` tokens; the text is then cut before the first of the ``until`` strings. The engine stops on
   tokens only, so a request runs on to its ``</s>`` or its token budget.
@@ -42,7 +42,7 @@ from tqdm import tqdm
 from linrnn.errors import UsageError, one_line
 from linrnn.evaluation import checkpoints
 from linrnn.evaluation.scoring import target_log_probs
-from linrnn.inference import Engine, Sampling, decode_one, growing_cache_layers
+from linrnn.inference import Engine, Sampling
 
 NAME = "linrnn"
 MODEL_ARGS = ("pretrained", "device", "dtype", "batch_size", "max_length", "max_gen_toks")
@@ -155,12 +155,13 @@ class LinrnnLM(TemplateLM):
             ))  # fmt: skip
             prompts.append(torch.tensor(prompt))
             stop_strings.append([text for text in kwargs["until"] if text])
-        if not growing_cache_layers(self.model):
-            if self._engine is None:
-                self._engine = Engine(self.model, slots=self.batch_size)
-            finished = self._engine.generate(prompts, settings)
-        else:  # attention layers: a growing KV cache, one request at a time
-            finished = [decode_one(self.model, prompt, setting) for prompt, setting in zip(prompts, settings, strict=True)]
+        # attention layers keep a KV cache of max_length positions per slot: large enough for every request here
+        # (a model without them has max_length None and takes any length)
+        needed = max((len(prompt) + setting.max_new_tokens for prompt, setting in zip(prompts, settings, strict=True)),
+                     default=1)  # fmt: skip
+        if self._engine is None or (self._engine.max_length is not None and self._engine.max_length < needed):
+            self._engine = Engine(self.model, slots=self.batch_size, max_length=needed)
+        finished = self._engine.generate(prompts, settings)
         texts = []
         for request, done, until in zip(requests, finished, stop_strings, strict=True):
             text = self.tok_decode(done.tokens)

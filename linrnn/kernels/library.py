@@ -9,7 +9,8 @@ Two ops, each with a fake (meta) implementation that gives only shapes and dtype
 
 registered as each other's autograd (``register_autograd``). Arguments follow ``triton.chunk.chunk_forward``:
 ``k`` is the erase direction (the write key too when ``w`` is None), ``w`` a decoupled write key, ``erase=False``
-drops the erase term, ``erase_gate`` (b, torch backend only) gates the erase per key channel. ``backend`` is ``"torch"`` (``chunked.recurrence_chunked``) or ``"triton"``.
+drops the erase term, ``erase_gate`` (b) gates the erase per key channel (it reads the state along ``b ⊙ k``).
+``backend`` is ``"torch"`` (``chunked.recurrence_chunked``) or ``"triton"``.
 
 The backward recomputes what it needs from the inputs instead of the forward saving its intermediates, with one
 exception: the Triton forward with ``keep_states`` (what ``chunk_recurrence`` asks for when autograd records) also
@@ -88,13 +89,10 @@ def chunk_forward_op(
     if backend == "triton":
         from linrnn.kernels.triton.chunk import chunk_forward
 
-        if erase_gate is not None:  # linrnn.ops sends an erase gate to the torch backend
-            raise ValueError("chunk_forward_op: the Triton kernels take no erase_gate, got a tensor")
-
         args = [x if x is None else x.contiguous() for x in (q, k, w, v, g, beta, initial_state)]
         o, final, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                        fp32_accurate=fp32_accurate)  # fmt: skip
+                                        fp32_accurate=fp32_accurate, read=read_vector(k, erase_gate))  # fmt: skip
         if keep_states:
             states, values = saved["states"], saved["U"]
             if keep_intra:
@@ -104,6 +102,14 @@ def chunk_forward_op(
                                   output_final_state, chunk_size)  # fmt: skip
     final = final.contiguous() if final is not None else None  # the fake's layout
     return o.contiguous(), *(_absent(o) if x is None else x for x in (final, states, values, intra, write_keys))
+
+
+def read_vector(k: Tensor, erase_gate: Tensor | None) -> Tensor | None:
+    """``b ⊙ k`` in k's dtype (a Triton operand, formed in fp32), the vector a gated erase reads the state along;
+    None without a gate."""
+    if erase_gate is None:
+        return None
+    return (k.float() * erase_gate.float()).to(k.dtype).contiguous()
 
 
 def _torch_forward(q, k, w, v, g, beta, initial_state, erase_gate, cu_seqlens, erase, scale, output_final_state,
@@ -187,11 +193,16 @@ def chunk_backward_op(
 
         args = [x if x is None else x.contiguous() for x in (folded_q, k, folded_w, v, g, beta, initial_state)]
         kept = dict(states=_present(states), U=_present(values), intra=_present(intra), W_s=_present(write_keys))
+        read = read_vector(k, erase_gate)
         _, _, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                     output_final_state=False, cu_seqlens=cu_seqlens, fp32_accurate=fp32_accurate,
-                                    need_output=False, kept=kept)  # fmt: skip
+                                    need_output=False, kept=kept, read=read)  # fmt: skip
         fold_args = None if log_gamma is None else (gamma.contiguous(), (q.dtype, w.dtype))
-        *grads, d_log_gamma = chunk_backward(do, d_final, *args, saved, erase=erase, scale=scale, fold=fold_args)
+        *grads, d_log_gamma, d_read = chunk_backward(do, d_final, *args, saved, erase=erase, scale=scale,
+                                                     fold=fold_args, read=read)  # fmt: skip
+        if read is not None:  # r = b ⊙ k: dk += b ⊙ dr, db = k ⊙ dr (dk comes in fp32 then)
+            grads[1] = (grads[1] + d_read * erase_gate.float()).to(k.dtype)
+            d_erase_gate = (d_read * k.float()).to(erase_gate.dtype)
         grads = [*grads[:-1], None if grads[-1] is None else grads[-1].to(initial_state.dtype)]
     else:
         if log_gamma is not None:  # the same operand values in the wider dtype: their gradients come out wide

@@ -27,10 +27,10 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
+from linrnn.kernels import TRITON_CHUNK
 from linrnn.kernels.library import chunk_recurrence
 from linrnn.kernels.reference import compute_dtype, recurrence_reference
 from linrnn.kernels.structure import INPUTS, Structure
-from linrnn.kernels import TRITON_CHUNK
 from linrnn.kernels.validation import (
     check_cu_seqlens,
     check_options,
@@ -68,6 +68,7 @@ def parse_options(given: dict) -> _Options:
     if unknown:
         raise TypeError(f"unexpected keyword argument {unknown[0]!r}; the ops' options are {', '.join(OPTIONS)}")
     return _Options(**given)
+
 
 # the structures of FLA's named ops; the built-in cells declare theirs through these
 GLA = Structure(decay="channel", erase="off", write="one")
@@ -292,7 +293,7 @@ def _run_kernels(op, q, w, v, e, g, beta, options, log_gamma=None, erase_gate=No
     tensors = (q, w, v, e, g, beta, options.initial_state, log_gamma, erase_gate)
     use_triton = options.backend == "triton" or (options.backend == "auto" and q.is_cuda)
     if use_triton:
-        problem = _triton_problem(tensors, erase_gate)
+        problem = _triton_problem(tensors)
         if problem and options.backend == "triton":
             fail(op, f"backend 'triton' {problem}")
         use_triton = problem is None  # "auto" falls back to the torch path, saying so once per reason
@@ -306,9 +307,10 @@ def _run_kernels(op, q, w, v, e, g, beta, options, log_gamma=None, erase_gate=No
         from linrnn.kernels.triton.fused_recurrent import fused_recurrent_fwd
 
         if options.update_state_in_place:  # each program reads its state tile before it writes it
-            return fused_recurrent_fwd(q, w, v, e, g, beta, log_gamma=log_gamma, final_state=args["initial_state"],
+            return fused_recurrent_fwd(q, w, v, e, g, beta, erase_gate=erase_gate, log_gamma=log_gamma,
+                                       final_state=args["initial_state"],
                                        **{**args, "output_final_state": True})  # fmt: skip
-        return fused_recurrent_fwd(q, w, v, e, g, beta, log_gamma=log_gamma, **args)
+        return fused_recurrent_fwd(q, w, v, e, g, beta, erase_gate=erase_gate, log_gamma=log_gamma, **args)
     if options.update_state_in_place:
         o, final = _run_kernels(op, q, w, v, e, g, beta, replace(options, update_state_in_place=False,
                                 output_final_state=True), log_gamma, erase_gate)  # fmt: skip
@@ -354,17 +356,9 @@ def _longest(q: Tensor, cu_seqlens: Tensor | None) -> int:
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
-def triton_takes(structure: Structure) -> bool:
-    """Whether the Triton kernels run this structure (all but a per-channel erase gate, Gated DeltaNet-2's b: on
-    CUDA that runs the torch chunkwise path, with a warning)."""
-    return not (structure.erase != "off" and structure.erase_gate == "channel")
-
-
-def _triton_problem(tensors, erase_gate: Tensor | None = None) -> str | None:
+def _triton_problem(tensors) -> str | None:
     """Why the Triton kernels cannot take these inputs, or None."""
     q, v = tensors[0], tensors[2]
-    if erase_gate is not None:
-        return "do not take a per-channel erase gate (Gated DeltaNet-2's b) yet"
     if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return f"needs CUDA tensors (or TRITON_INTERPRET=1 on CPU), got device {q.device}"
     if not TRITON_INSTALLED:

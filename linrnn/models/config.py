@@ -1,8 +1,10 @@
-"""Model configuration (pydantic) and named presets."""
+"""Model configuration (pydantic) and the one table of named model sizes (``PRESETS``), which the training
+sizes (``linrnn train --size``, ``linrnn.training.names``) read."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -85,19 +87,38 @@ class ModelConfig(BaseModel):
         return self
 
 
-def _byte_tiny() -> dict[str, Any]:
-    """CPU tests and demos: byte vocabulary, two layers."""
-    return dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2)
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """How ``linrnn train --size NAME`` and the torchtitan configs ``{cell}_{NAME}_{param}`` train a size
+    (``linrnn.training.names``, ``linrnn.training.configs``): the model is the preset of the same name with
+    ``vocab_size`` set to the tokenizer's (``overrides``)."""
+
+    vocab: int  # the embedded corpus's tokenizer (4096 or 32000 tokens): the trained model's vocab_size
+    seq_len: int
+    batch: int  # per rank
+    lr: float  # AdamW
+    base_width: int = 256  # muP's base width
+    steps: int = 2000
+    checkpoint_interval: int = 500
+    training_fields: Mapping[str, Any] = field(default_factory=dict)  # ModelConfig fields for training only
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The ModelConfig fields over the preset in training: the tokenizer's ``vocab_size``, then
+        ``training_fields``."""
+        return {"vocab_size": self.vocab, **self.training_fields}
 
 
-def _paper(width: int) -> Callable[[], dict[str, Any]]:
-    """Seed 000's family: 8 layers, 6 heads, head dims 0.75/1.5 × width / 6, MLP 4 × width, tied embeddings."""
+@dataclass(frozen=True)
+class Preset:
+    """A named model size: its ModelConfig fields, and how linrnn trains it (None: ``linrnn train`` does not)."""
 
-    def preset() -> dict[str, Any]:
-        return dict(vocab_size=50304, hidden_size=width, num_layers=8, num_heads=6, intermediate_size=4 * width)
+    fields: Mapping[str, Any]  # vocab_size, hidden_size, num_layers, num_heads[, intermediate_size]
+    training: TrainingRecipe | None = None
 
-    preset.__doc__ = f"GDN-muP paper family at width {width}."
-    return preset
+    def __call__(self) -> dict[str, Any]:
+        """The ModelConfig fields, a fresh dict (``PRESETS[name]()``)."""
+        return dict(self.fields)
 
 
 def _llama_mlp(width: int) -> int:
@@ -105,38 +126,72 @@ def _llama_mlp(width: int) -> int:
     return -(-8 * width // 3 // 256) * 256
 
 
-def _m340() -> dict[str, Any]:
-    """~340M parameters with a 32k vocabulary (FLA's 340M scale); 6 heads: K = 128, V = 256 per head, which the
-    Triton kernels take (they hold a head's state tile in registers, K and V at most 256)."""
-    return dict(vocab_size=32000, hidden_size=1024, num_layers=21, num_heads=6, intermediate_size=_llama_mlp(1024))
-
-
-def _b1_3() -> dict[str, Any]:
-    """~1.3B parameters with a 32k vocabulary; 12 heads: K = 128, V = 256 per head."""
-    return dict(vocab_size=32000, hidden_size=2048, num_layers=20, num_heads=12, intermediate_size=_llama_mlp(2048))
-
-
 PAPER_WIDTHS = (256, 384, 512, 768, 1024, 1536)
-PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
-    "byte-tiny": _byte_tiny,
-    **{f"paper-{width}": _paper(width) for width in PAPER_WIDTHS},
-    "340m": _m340,
-    "1.3b": _b1_3,
+# The one table of model sizes: build_model(preset=NAME), `linrnn presets`, and the training sizes (`linrnn train
+# --size NAME`, config names {cell}_{NAME}_{param}), which are the presets with a training recipe
+PRESETS: dict[str, Preset] = {
+    # CPU tests and demos: byte vocabulary, two layers; not a training size (the corpus has no byte tokenizer)
+    "byte-tiny": Preset(dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2)),
+    # linrnn train's default, on a CPU: 4 layers, width 128, the corpus's 4096-token tokenizer
+    "tiny": Preset(
+        dict(vocab_size=4096, hidden_size=128, num_layers=4, num_heads=2, intermediate_size=512),
+        TrainingRecipe(4096, 256, 16, 3e-3, base_width=64, steps=300, checkpoint_interval=100),
+    ),
+    **{
+        f"paper-{width}": Preset(
+            # the GDN-muP paper's family (docs/design.md, "Sources"): 8 layers, 6 heads, head dims 0.75/1.5 × width
+            # / 6, MLP 4 × width, tied embeddings, a 50304-token vocabulary; trained with the corpus's 4096-token
+            # tokenizer
+            dict(vocab_size=50304, hidden_size=width, num_layers=8, num_heads=6, intermediate_size=4 * width),
+            TrainingRecipe(4096, 512, 16, 3e-3),
+        )
+        for width in PAPER_WIDTHS
+    },
+    # ~340M parameters with a 32k vocabulary (FLA's 340M scale); 6 heads: K = 128, V = 256 per head, which the Triton
+    # kernels take (they hold a head's state tile in registers, K and V at most 256)
+    "340m": Preset(
+        dict(vocab_size=32000, hidden_size=1024, num_layers=21, num_heads=6, intermediate_size=_llama_mlp(1024)),
+        TrainingRecipe(32000, 4096, 4, 1e-3),
+    ),
+    # ~1.3B parameters with a 32k vocabulary; 12 heads: K = 128, V = 256 per head; trained with activations recomputed
+    "1.3b": Preset(
+        dict(vocab_size=32000, hidden_size=2048, num_layers=20, num_heads=12, intermediate_size=_llama_mlp(2048)),
+        TrainingRecipe(32000, 4096, 4, 6e-4, training_fields={"checkpoint_activations": True}),
+    ),
 }
-# Older spellings, still accepted: "tiny" was renamed so as not to be confused with linrnn train's size "tiny"
-PRESET_ALIASES = {"tiny": "byte-tiny", **{f"paper{width}": f"paper-{width}" for width in PAPER_WIDTHS}}
+# The one table of older spellings of preset and training-size names, accepted everywhere a size is named
+# (build_model, linrnn train --size, config names) but not listed
+PRESET_ALIASES = {f"paper{width}": f"paper-{width}" for width in PAPER_WIDTHS}
 
 
 def list_presets() -> list[str]:
-    """The canonical preset names (aliases such as ``tiny`` are accepted by ``model_config`` but not listed)."""
+    """The canonical preset names, smallest first (older spellings such as ``paper256`` are accepted by
+    ``model_config`` but not listed)."""
     return list(PRESETS)
 
 
-def canonical_preset(name: str) -> str:
-    """``name``'s canonical spelling (``tiny`` → ``byte-tiny``, ``paper256`` → ``paper-256``)."""
-    canonical = PRESET_ALIASES.get(name, name)
+def training_sizes() -> list[str]:
+    """The presets ``linrnn train --size`` and the torchtitan configs take: those with a training recipe."""
+    return [name for name, preset in PRESETS.items() if preset.training is not None]
+
+
+def canonical_preset(name: str, argument: str = "'preset'") -> str:
+    """``name``'s canonical spelling (``paper256`` → ``paper-256``). An unknown name is a ``UsageError`` naming
+    ``argument``, the presets and ``name``."""
+    canonical = PRESET_ALIASES.get(name, name) if isinstance(name, str) else None
     if canonical not in PRESETS:
-        raise UsageError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+        raise UsageError(f"argument {argument}: expected one of {', '.join(PRESETS)}, got {name!r}")
+    return canonical
+
+
+def canonical_training_size(name: str, argument: str = "'size'") -> str:
+    """``name``'s canonical spelling if it is a training size (``training_sizes``), else a ``UsageError`` naming
+    ``argument``, the training sizes and ``name``."""
+    canonical = PRESET_ALIASES.get(name, name) if isinstance(name, str) else None
+    sizes = training_sizes()
+    if canonical not in sizes:
+        untrained = f" (the preset {canonical!r} has no training recipe)" if canonical in PRESETS else ""
+        raise UsageError(f"argument {argument}: expected one of {', '.join(sizes)}, got {name!r}{untrained}")
     return canonical
 
 

@@ -8,8 +8,8 @@
     applied = parametrizations.apply(model, "gdn-mup", base_width=128, optimizer="sgd")
     optimizer = torch.optim.SGD(applied.param_groups(lr=0.3), momentum=0.98, nesterov=True)
 
-``apply`` re-initialises the model per role and shape, sets the logit multiplier (and optionally seed 000's
-pre-norm multiplier) and returns the per-parameter rules; ``coord_check`` is the standard muP verification.
+``apply`` re-initialises the model per role and shape, sets the logit multiplier (and optionally the GDN-muP
+paper's pre-norm multiplier) and returns the per-parameter rules; ``coord_check`` is the standard muP verification.
 Tables and derivations: docs/parametrizations.md.
 """
 
@@ -60,9 +60,9 @@ def apply(model: nn.Module, name: str, *, base_width: int, optimizer: Optimizer 
           base_num_heads: int | None = None) -> Applied:  # fmt: skip
     """Applies parametrization ``name`` to a ``LanguageModel`` whose width is ``model.config.hidden_size``,
     relative to ``base_width``; returns the rules, with ``param_groups(lr, weight_decay)`` for an optimizer.
-    ``pre_norm_multiplier``: seed 000 §4.3's multiplier before the output RMSNorm (default on for mup, gdn-mup);
-    ``readout_zero_init``: an untied readout starts at zero (every parametrization alike); ``base_num_heads``: the
-    base model's head count where heads grow with width (default: the model's)."""
+    ``pre_norm_multiplier``: the GDN-muP paper's §4.3 multiplier before the output RMSNorm (default on for mup,
+    gdn-mup); ``readout_zero_init``: an untied readout starts at zero (every parametrization alike);
+    ``base_num_heads``: the base model's head count where heads grow with width (default: the model's)."""
     return _apply(model, get(name), base_width=base_width, optimizer=optimizer, pre_norm_multiplier=pre_norm_multiplier,
                   readout_zero_init=readout_zero_init, base_num_heads=base_num_heads)  # fmt: skip
 

@@ -143,7 +143,7 @@ def apply(
     base_num_heads: int | None = None,
 ) -> Applied:
     """Re-initialises ``model`` (a ``LanguageModel``) per role, installs the multipliers and returns the rules.
-    ``pre_norm_multiplier`` (default: the parametrization's) switches seed 000 §4.3's multiplier on or off.
+    ``pre_norm_multiplier`` (default: the parametrization's) switches the GDN-muP paper's §4.3 multiplier on or off.
     ``readout_zero_init`` starts an untied readout at zero (Tensor Programs V's recommendation under muP, where a
     random readout's logits vanish at init as m^(-1/2)); it does the same under every parametrization, so the base
     width still gives one model. ``base_num_heads`` (default: the model's) is the base model's head count, for
@@ -187,7 +187,7 @@ def apply(
     for layer, base_layer in zip(model.layers, base_model.layers, strict=True):
         if not isinstance(layer.mixer, LinearRNNMixer):  # attention: no output RMSNorm for the multiplier to precede
             continue
-        # seed 000 §4.3 relative to the base width: with q̂ independent of S (seed App. C.4; measured in
+        # GDN-muP paper §4.3 relative to the base width: with q̂ independent of S (its App. C.4; measured in
         # docs/parametrizations.md) the read Sᵀq̂ is Θ(1/√d_k), and the kernels' query scale 1/√d_k makes o Θ(1/d_k)
         multiplier = layer.mixer.head_k_dim / base_layer.mixer.head_k_dim if pre_norm_multiplier else 1.0
         layer.mixer.config.output_multiplier = multiplier

@@ -1,5 +1,5 @@
 """The coordinate check (Tensor Programs V's verification of muP): train a few steps on fixed data at several
-widths and record the mean absolute coordinate of every module's output, and of seed 000's probes, per step.
+widths and record the mean absolute coordinate of every module's output, and of the GDN-muP paper's probes, per step.
 
 Under a parametrization that is right for the model, every size is flat in width at every step (slope of log
 size against log width near 0); under SP with a width-independent learning rate, activations fed by updated
@@ -7,7 +7,7 @@ hidden matrices grow with width. Besides each output's size, ``Δ name`` records
 step 0. Sizes are averaged over several inits (``seeds``), as the mup package does: with two heads a gate
 pre-activation has two coordinates per token, and one draw's sampling noise alone moves a slope by ±0.2.
 
-Probes, per mixer, each scaled by the width dependence seed 000 predicts for it, so that flat means as
+Probes, per mixer, each scaled by the width dependence the GDN-muP paper predicts for it, so that flat means as
 predicted: ``q_hat_sqrt_d`` (the L2-normalised query × √d_k, §4.1), ``state_sqrt_d`` (the final recurrent state
 × √d_k, §4.2), ``o`` (the recurrence output entering the gated RMSNorm, after the pre-norm multiplier, §4.3),
 ``beta`` and ``decay`` (exp g). The readout is tracked as the logits after the logit multiplier (``logits``),
@@ -36,7 +36,7 @@ from linrnn.parametrizations import apply, get
 from linrnn.recurrences.base import LinearRNNMixer, mamba_decay_params
 from linrnn.text import text_bytes
 
-DEFAULT_LR = {"adamw": 1e-3, "sgd": 0.1}  # where issue 5's check is run (docs/parametrizations.md)
+DEFAULT_LR = {"adamw": 1e-3, "sgd": 0.1}  # the coordinate checks' learning rates (docs/parametrizations.md)
 
 
 @dataclass
@@ -74,7 +74,7 @@ class CoordCheck:
         return best
 
     def plot(self, path) -> None:
-        """One panel per step: size against width (log-log) per tracked output, like seed 000's appendix."""
+        """One panel per step: size against width (log-log) per tracked output, like the GDN-muP paper's appendix."""
         import matplotlib
 
         matplotlib.use("Agg")

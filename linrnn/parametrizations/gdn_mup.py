@@ -1,14 +1,14 @@
-"""GDN-muP (seed 000): muP, except for the gates under SGD.
+"""GDN-muP (the GDN-muP paper; docs/design.md, "Sources"): muP, except for the gates under SGD.
 
-Under AdamW the seed's table is muP's with the gate matrices as hidden weights and the gate scalars width-
+Under AdamW the paper's table is muP's with the gate matrices as hidden weights and the gate scalars width-
 independent (its Appendix B: Adam's update is O(η) per coordinate whatever the gradient's size, so only fan-in
 counts). Under SGD the gradients' sizes matter (its §5.4):
 
 - gate matrices (W_α, W_β, and the low-rank gate factors whose fan-in grows): lr η · m_in^(−1/2),
 - gate scalars (A_log, dt_bias): lr η · m^(1/2), per head or per channel alike,
-- log Γ (GammaNet) is treated as a gate scalar: an extrapolation of the seed, which does not cover Γ.
+- log Γ (GammaNet) is treated as a gate scalar: an extrapolation of the paper, which does not cover Γ.
 
-The seed's §4.3 multiplier √d_k before the output RMSNorm is an option of ``apply``
+The paper's §4.3 multiplier √d_k before the output RMSNorm is an option of ``apply``
 (``pre_norm_multiplier=True``); it cancels inside RMSNorm up to its eps (docs/parametrizations.md).
 """
 
@@ -22,7 +22,7 @@ from linrnn.parametrizations.mup import MuP
 
 class GdnMuP(MuP):
     name = "gdn-mup"
-    description = "seed 000: muP with SGD gate matrices at lr · m^-1/2 and gate scalars at lr · m^1/2"
+    description = "GDN-muP paper: muP with SGD gate matrices at lr · m^-1/2 and gate scalars at lr · m^1/2"
 
     def rule(self, role: str, shape: Shape, m: float, optimizer: Optimizer) -> Rule:
         rule = super().rule(role, shape, m, optimizer)

@@ -22,7 +22,7 @@ from linrnn.parametrizations.base import Optimizer, Parametrization, Rule, Shape
 class MuP(Parametrization):
     name = "mup"
     description = "muP (Tensor Programs V): hidden lr / fan-in under AdamW, readout multiplier 1/m"
-    pre_norm_multiplier = True  # seed 000 §4.3: keeps the recurrence output's size, and RMSNorm's eps share, fixed
+    pre_norm_multiplier = True  # GDN-muP paper §4.3: keeps the recurrence output's size, and RMSNorm's eps share, fixed
 
     def rule(self, role: str, shape: Shape, m: float, optimizer: Optimizer) -> Rule:
         adam = optimizer == "adamw"

@@ -1,4 +1,5 @@
-"""SP: every matrix ~ N(0, init_std²) at every width, one learning rate, no multipliers (seed 000's baseline)."""
+"""SP: every matrix ~ N(0, init_std²) at every width, one learning rate, no multipliers (the GDN-muP paper's
+baseline)."""
 
 from __future__ import annotations
 

@@ -13,13 +13,17 @@ given, must equal it). ``use_rope`` (default True here) and ``rope_theta`` as fo
 (the model's norms and MLP read it); attention runs torch's SDPA on every backend. The options of parts attention
 does not have (the width ratios ``expand_k``/``expand_v``, short conv, gates, output gate and norm,
 ``output_multiplier``, ``chunk_size``: ``RECURRENCE_ONLY_OPTIONS``) are refused by ``build_mixer`` unless left at
-their defaults; ``linrnn.parametrizations`` leaves ``output_multiplier`` (seed 000 §4.3, before a recurrence's output
-RMSNorm) at 1 for attention, which has no such norm.
+their defaults; ``linrnn.parametrizations`` leaves ``output_multiplier`` (the GDN-muP paper's §4.3, before a
+recurrence's output RMSNorm) at 1 for attention, which has no such norm.
 
 Decode state: ``MixerState.kv``, the keys (after RoPE, at their absolute positions) and values of every token seen,
 ``[B, H, T_seen, K]`` each; ``position`` is T_seen. The cache grows by one entry per token, so feeding tokens one at a
-time (``linrnn.generate``) or a prompt in pieces gives the full forward's outputs, but the fixed-size slots of
-``linrnn.Engine`` cannot hold it.
+time (``linrnn.generate``) or a prompt in pieces gives the full forward's outputs. Packed documents with
+``output_state`` return one row per document, zero-padded to the longest, ``[D, H, L_max, K]``, with ``position`` the
+``[D]`` lengths (what ``linrnn.Engine`` copies into its slots). An ``in_place`` state is a fixed-capacity cache
+(``linrnn.Engine``'s slots): ``kv`` ``[B, H, capacity, K]`` buffers and ``position`` ``[B]`` valid entries per row; the
+new tokens' keys and values are written at each row's position and the queries attend over that row's valid prefix
+(a mask by length: entries past it, stale or unwritten, are never read), with static shapes for a CUDA graph.
 """
 
 from __future__ import annotations
@@ -62,25 +66,33 @@ class Attention(nn.Module):
                 documents: Documents | None = None) -> tuple[Tensor, MixerState | None]:  # fmt: skip
         """x ``[B, T, hidden]`` → (y ``[B, T, hidden]``, new MixerState or None). ``state`` carries the KV cache of
         the tokens before x. With packed ``documents`` (B = 1) no token attends across a document boundary and RoPE
-        uses the documents' positions; they start from an empty cache and cannot return one (ValueError)."""
-        if state is not None and state.in_place:
+        uses the documents' positions; they start from an empty cache (ValueError otherwise) and, with
+        ``output_state``, return each document's cache as one row, zero-padded (module docstring). An ``in_place``
+        state is a fixed-capacity cache that the layer writes into and returns (``_forward_in_place``)."""
+        if state is not None and not state.in_place and isinstance(state.position, Tensor):
             raise ValueError(
-                "attention: a KV cache grows with every token, so it cannot be a fixed in-place buffer "
-                "(in_place=True); decode with linrnn.generate, which carries the returned state"
+                "attention: this KV cache has rows of different lengths (packed documents' state: position a [B] "
+                "tensor, keys zero-padded); it decodes only as in-place buffers (linrnn.Engine's slots). Run each "
+                "document on its own to carry its cache"
             )
         q, k, v = (rearrange(proj(x), "b t (h d) -> b t h d", h=self.num_heads)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))  # fmt: skip
         if documents is not None:
-            if state is not None or output_state:
+            if state is not None:
                 raise ValueError(
-                    "attention: packed documents start from an empty KV cache and return none (each document's would "
-                    f"have its own length); got state={'given' if state is not None else None}, "
-                    f"output_state={output_state}. Run each document on its own to decode from it"
+                    "attention: packed documents start from an empty KV cache; got a state. Run each document on "
+                    "its own to decode from a cache"
                 )
             if self.config.use_rope:
                 q, k = (apply_rope(h, 0, self.config.rope_theta, documents.positions) for h in (q, k))
             o = document_attention(q, k, v, documents)
-            return self.o_proj(rearrange(o, "b t h d -> b t (h d)")), None
+            y = self.o_proj(rearrange(o, "b t h d -> b t (h d)"))
+            if not output_state:
+                return y, None
+            lengths = documents.cu_seqlens.diff().to(x.device)
+            return y, MixerState(kv=(per_document(k, documents), per_document(v, documents)), position=lengths)
+        if state is not None and state.in_place:
+            return self._forward_in_place(q, k, v, state), state
         cache = state.kv if state is not None else None
         seen = 0 if cache is None else cache[0].shape[2]
         if self.config.use_rope:
@@ -94,6 +106,36 @@ class Attention(nn.Module):
             return y, None
         return y, MixerState(kv=(k, v), position=seen + x.shape[1])
 
+    def _forward_in_place(self, q: Tensor, k: Tensor, v: Tensor, state: MixerState) -> Tensor:
+        """q, k, v ``[B, T, H, K]`` of T new tokens per row after the ``position`` ``[B]`` valid entries of the
+        fixed-capacity buffers ``state.kv`` ``[B, H, C, K]``: RoPE at each row's positions, the keys and values
+        written there, each query attending over its row's entries up to itself (a mask by length: a reused row's
+        stale entries past it are never read). Static shapes (a CUDA graph); ``position`` is left to the caller to
+        advance. → y ``[B, T, hidden]``."""
+        if state.kv is None:
+            raise ValueError(
+                "attention: an in-place state (in_place=True) must hold the KV cache buffers: expected kv = (keys, "
+                "values) [B, H, capacity, K], got kv=None"
+            )
+        k_cache, v_cache = state.kv
+        B, T = q.shape[:2]
+        capacity = k_cache.shape[2]
+        position = state.position
+        if not isinstance(position, Tensor):
+            position = torch.full((B,), position, dtype=torch.long, device=q.device)
+        if self.config.use_rope:
+            q, k = (apply_rope(h, position, self.config.rope_theta) for h in (q, k))
+        q, k, v = (rearrange(h, "b t h d -> b h t d") for h in (q, k, v))
+        at = position[:, None] + torch.arange(T, device=q.device)  # [B, T] the new tokens' positions
+        # rows in use stay below the capacity (linrnn.Engine checks each request); an idle engine slot's position
+        # runs on past it, and its writes land on its last entry instead of out of bounds
+        index = at.clamp_max(capacity - 1)[:, None, :, None].expand_as(k)  # [B, H, T, K]
+        k_cache.scatter_(2, index, k.to(k_cache.dtype))
+        v_cache.scatter_(2, index, v.to(v_cache.dtype))
+        visible = torch.arange(capacity, device=q.device) <= at[:, None, :, None]  # [B, 1, T, C]: key s ≤ query t
+        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=visible)
+        return self.o_proj(rearrange(o, "b h t d -> b t (h d)"))
+
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Queries ``[B, H, T, K]`` at the last T of the S key positions of k, v ``[B, H, S, K]``: query i sees keys
@@ -104,6 +146,15 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # [T, S]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def per_document(x: Tensor, documents: Documents) -> Tensor:
+    """Packed ``[1, N, H, K]`` → one row per document ``[D, H, L_max, K]``, zero past each document's length."""
+    lengths = documents.cu_seqlens.diff()  # on the host
+    document = torch.repeat_interleave(torch.arange(len(lengths)), lengths).to(x.device)  # [N]
+    rows = x.new_zeros(len(lengths), int(lengths.max()), *x.shape[2:])  # [D, L_max, H, K]
+    rows[document, documents.offset] = x[0]
+    return rearrange(rows, "d t h k -> d h t k")
 
 
 def _document_attention(q: Tensor, k: Tensor, v: Tensor, documents: Documents) -> Tensor:

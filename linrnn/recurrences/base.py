@@ -34,7 +34,9 @@ class MixerOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    expand_k: float = Field(0.75, gt=0, description="key width = expand_k * hidden_size (seeds 000/001)")
+    expand_k: float = Field(
+        0.75, gt=0, description="key width = expand_k * hidden_size (Gated DeltaNet's default, as in the GDN-muP paper)"
+    )
     expand_v: float = Field(1.5, gt=0, description="value width = expand_v * hidden_size")
     head_k_dim: int | None = Field(None, gt=0, description="per-head key dim; overrides expand_k")
     head_v_dim: int | None = Field(None, gt=0, description="per-head value dim; overrides expand_v")
@@ -54,7 +56,7 @@ class MixerOptions(BaseModel):
         None, gt=0, description="rank of a low-rank output gate projection, with a bias (FLA's KDA: head_v_dim)"
     )
     output_multiplier: float = Field(
-        1.0, gt=0, description="multiplies the recurrence output before the gated RMSNorm (seed 000 §4.3: d_k / d_k0)"
+        1.0, gt=0, description="multiplies the recurrence output before the gated RMSNorm (GDN-muP §4.3: d_k / d_k0)"
     )
     backend: str = "auto"
     chunk_size: int | None = Field(None, gt=0)
@@ -91,7 +93,8 @@ class MixerState:
     returns; its ``position`` is left to the caller to advance. Inference only (no autograd).
 
     ``kv``: the attention mixer's cache instead (``linrnn.recurrences.attention``): keys (after RoPE) and values
-    ``[B, H, T_seen, K]``, one entry per token seen, so it grows as decoding goes on."""
+    ``[B, H, T_seen, K]``, one entry per token seen, so it grows as decoding goes on; ``in_place``, buffers
+    ``[B, H, capacity, K]`` of which each row's first ``position`` entries are valid."""
 
     conv: dict[str, Tensor] = field(default_factory=dict)
     recurrent: Tensor | None = None
@@ -483,7 +486,8 @@ class LinearRNNMixer(nn.Module):
         return y, MixerState(conv=new_history, recurrent=recurrent, position=position + x.shape[1])
 
 
-# Roles of the parameters every mixer has (DESIGN.md "roles"); cells add theirs.
+# Roles of the parameters every mixer has (``registry.ROLES``; their rules: docs/parametrizations.md); cells add
+# theirs.
 SHARED_ROLES = {
     **{f"{name}.weight": "hidden" for name in ("q_proj", "k_proj", "v_proj", "g_proj", "o_proj")},
     **{f"{name}_conv.weight": "hidden" for name in ("q", "k", "v")},

@@ -1,4 +1,4 @@
-"""GammaNet (seed 003): KDA with a decoupled, Γ-conjugated erase direction.
+"""GammaNet (Lucas Sun's GammaNet note; docs/design.md, "Sources"): KDA with a decoupled, Γ-conjugated erase direction.
 
 ``S_t = (I − β_t Γ a_t a_tᵀ Γ⁻¹) Diag(exp g_t) S_{t−1} + β_t k_t v_tᵀ`` (FLA orientation),
 ``a_t = normalize(W_a x_t)`` with its own short conv, Γ = Diag(exp log_gamma) per head
@@ -28,7 +28,6 @@ class GammaNet(KimiDeltaAttention):
 
     def gates(self, projected, k, extra):
         return {"a": extra["a"], **super().gates(projected, k, extra), "log_gamma": self.log_gamma}
-
 
 
 SPEC = register_cell(

@@ -1,4 +1,5 @@
-"""Gated DeltaNet (seed 002): ``S_t = (I − β_t k_t k_tᵀ) exp(g_t) S_{t−1} + β_t k_t v_tᵀ``, g per head.
+"""Gated DeltaNet: ``S_t = (I − β_t k_t k_tᵀ) exp(g_t) S_{t−1} + β_t k_t v_tᵀ``, g per head (Yang, Kautz and
+Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule", ICLR 2025, §3).
 
 ``g = −exp(A_log) · softplus(W_α x + dt_bias)`` (Mamba-2 style), ``β = sigmoid(W_β x)``.
 """

@@ -9,8 +9,8 @@
     stability.check_model(model, input_ids)                             # a model's actual gates, per layer
 
 ``transition.py`` has the operators and each cell's certificate, ``measures.py`` the measures, ``check.py`` the
-random draws and the adversarial search, ``model.py`` the hooks on a model's mixers. ``seed_example()`` is seed
-003's KDA-F counterexample.
+random draws and the adversarial search, ``model.py`` the hooks on a model's mixers. ``seed_example()`` is the
+KDA-F counterexample of Lucas Sun's GammaNet note (docs/design.md, "Sources").
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from linrnn.stability.transition import (
 
 
 def seed_example() -> dict[str, torch.Tensor]:
-    """Seed 003's KDA-F counterexample (K = 2), as ``transition("kda_f", **seed_example())`` arguments:
+    """The GammaNet note's KDA-F counterexample (K = 2), as ``transition("kda_f", **seed_example())`` arguments:
     F = [[1, 2], [0, 1]], γ = (0.2, 0.8), β = 0.8, κ = (−1, 1)/√2; its spectral radius is ≈ 1.0495."""
     double = dict(dtype=torch.float64)
     return {

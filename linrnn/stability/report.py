@@ -1,5 +1,5 @@
 """What ``linrnn stability`` shows: the table of ``check`` per cell (or of ``check_model`` per layer), the worst
-inputs, seed 003's example and the growth plot."""
+inputs, the GammaNet note's KDA-F example (``seed_example``) and the growth plot."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from linrnn.stability.transition import transition
 
 LN10 = math.log(10)
 TABLE_WIDTH = 170  # the tables wrap into unreadable columns at a pipe's default width of 80
-PLOT_STEPS = 200  # horizon of the plot's repeated worst step and of the seed example's growth
+PLOT_STEPS = 200  # horizon of the plot's repeated worst step and of the KDA-F example's growth
 
 
 def cell_table(reports: list[StabilityReport], *, key_dim: int, draws: int, horizon: int, beta_max: float,
@@ -62,13 +62,13 @@ def seed_example_text() -> str:
 
     A = transition("kda_f", **seed_example())
     growth = log_growth(A.expand(PLOT_STEPS, 2, 2)).exp()
-    return (f"seed 003's KDA-F example (F = [[1, 2], [0, 1]], γ = (0.2, 0.8), β = 0.8, κ = (−1, 1)/√2): "
+    return (f"the GammaNet note's KDA-F example (F = [[1, 2], [0, 1]], γ = (0.2, 0.8), β = 0.8, κ = (−1, 1)/√2): "
             f"ρ = {float(spectral_radius(A)):.4f}, ‖A^{PLOT_STEPS}‖₂ = {float(growth[-1]):.4g} — unstable")  # fmt: skip
 
 
 def plot_growth(reports: list[StabilityReport], path: Path) -> None:
     """Left: ‖A_t ⋯ A_1‖₂ of each cell's sequence with the largest growth at the horizon; right: ‖A^t‖₂ of its
-    largest-ρ step repeated (and seed 003's example)."""
+    largest-ρ step repeated (and the GammaNet note's KDA-F example)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,7 +87,7 @@ def plot_growth(reports: list[StabilityReport], path: Path) -> None:
                    label=f"{label} (ρ = {float(spectral_radius(A)):.4g})")  # fmt: skip
     A = transition("kda_f", **seed_example())
     right.plot(range(1, PLOT_STEPS + 1), log_growth(A.expand(PLOT_STEPS, 2, 2)) / LN10, "k--",
-               label="seed 003 KDA-F example (ρ ≈ 1.0495)")  # fmt: skip
+               label="GammaNet note's KDA-F example (ρ ≈ 1.0495)")  # fmt: skip
     for axis, title in ((left, "largest growth at T = horizon: log10 ‖A_T ⋯ A_1‖₂"),
                         (right, "largest-ρ step repeated: log10 ‖A^T‖₂")):  # fmt: skip
         axis.set_xlabel("T (steps)")

@@ -13,9 +13,10 @@ With the write switched off, a cell's update is ``S_t = A_t S_{t−1}`` with
 A per-head decay without an erase (Mamba-2) is ``α I``, which has the spectrum and norms of the 1 × 1 matrix
 ``[α]``; that is what ``transition`` returns for it.
 
-``kda_f`` is a variant, not a registered cell: seed 003's KDA-F with a fixed invertible feature basis F,
-``A_t = (I − β κ κᵀ) F⁻ᵀ Diag(α) Fᵀ`` (the transpose of the seed's row orientation, ``S_t = S_{t−1} F diag(γ) F⁻¹
-(I − β κκᵀ) + β v kᵀ``: same spectrum, same 2-norms), for exploring the seed's argument.
+``kda_f`` is a variant, not a registered cell: KDA-F from Lucas Sun's GammaNet note (docs/design.md, "Sources"),
+KDA with a fixed invertible feature basis F, ``A_t = (I − β κ κᵀ) F⁻ᵀ Diag(α) Fᵀ`` (the transpose of the note's row
+orientation, ``S_t = S_{t−1} F diag(γ) F⁻¹ (I − β κκᵀ) + β v kᵀ``: same spectrum, same 2-norms), for exploring the
+note's argument.
 
 Each structure has a certificate (``linrnn.kernels.structure.certificate``): a metric ``‖x‖_M = ‖M⁻¹ x‖₂`` in which
 every step is non-expansive, ``‖M⁻¹ A_t M‖₂ ≤ 1``. That gives ``ρ(A_t) ≤ 1`` and ``‖A_T ⋯ A_1‖₂ ≤ cond(M)``:
@@ -28,7 +29,7 @@ every step is non-expansive, ``‖M⁻¹ A_t M‖₂ ≤ 1``. That gives ``ρ(A_
   ``1 − Σ b_i e_i²`` ∈ [−1, 1], but its norm exceeds 1 (K = 2, e = (1, 1)/√2, b = (1, 0): 1.14). The certificate
   claims ρ ≤ 1 per step only ("spectral"); norms and products are measured, not bounded.
 - KDA-F: M = I holds exactly when F has orthogonal columns (F = QΓ, then ``F⁻ᵀ Diag(α) Fᵀ = Q Diag(α) Qᵀ``); for
-  any other F some admissible α, β, κ give ``ρ > 1`` (seed 003's 2 × 2 example: 1.0495). Its natural metric
+  any other F some admissible α, β, κ give ``ρ > 1`` (the note's 2 × 2 example: 1.0495). Its natural metric
   (``natural_metric``) is M = F⁻ᵀ, where the decay is ``Diag(α)`` but the erase ``I − β (Fᵀκ)(F⁻¹κ)ᵀ`` is not
   symmetric.
 """

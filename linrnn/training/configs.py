@@ -8,12 +8,17 @@ one), checkpoints that resume, and validation in bits per byte on the whole held
 any field torchtitan exposes (``--training.*``, ``--optimizer.lr``, ``--dataloader.dataset files
 --dataloader.dataset_path DIR``, ...).
 
+A size is the model preset of the same name (``linrnn.models.config.PRESETS``, ``linrnn presets``) with the
+tokenizer's vocabulary, trained by the preset's ``TrainingRecipe``:
+
 | size | model | tokenizer | seq_len × batch / rank | base width (muP) | AdamW lr |
 |---|---|---|---|---|---|
 | ``tiny`` | 4 layers, width 128, 2 heads (CPU) | 4096 | 256 × 16 | 64 | 3e-3 |
-| ``paper-256`` … ``paper-1536`` | seed 000's family: 8 layers, 6 heads | 4096 | 512 × 16 | 256 | 3e-3 |
+| ``paper-256`` … ``paper-1536`` | the GDN-muP paper's family: 8 layers, 6 heads | 4096 | 512 × 16 | 256 | 3e-3 |
 | ``340m`` | 21 layers, width 1024, 6 heads | 32000 | 4096 × 4 | 256 | 1e-3 |
 | ``1.3b`` | 20 layers, width 2048, 12 heads, activations recomputed | 32000 | 4096 × 4 | 256 | 6e-4 |
+
+(``byte-tiny``, the byte-vocabulary preset of the tests and the demo, is not a training size.)
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from linrnn.training.names import (  # noqa: F401  (re-exported: the names are p
     SIZES,
     Size,
     canonical_config_name,
+    canonical_training_size,
     cells,
     config_names,
     parse_config_name,
@@ -60,7 +66,8 @@ def build(
     base_width: int | None = None,
 ) -> Trainer.Config:
     """The Trainer config of one named run (cell and parametrization as registry names, or a hybrid's name from
-    ``names.HYBRIDS``; sizes above)."""
+    ``names.HYBRIDS``; sizes above, an unknown one a ``UsageError`` naming them)."""
+    size = canonical_training_size(size)
     spec = SIZES[size]
     model_cell, pattern = resolve_cell(cell)
     on_gpu = torch.cuda.is_available()
@@ -70,7 +77,7 @@ def build(
     name = f"{cell}_{size}_{parametrization}"
     model = TitanLanguageModel.Config(
         cell=canonical_name(model_cell),
-        preset=spec.preset,
+        preset=size,
         overrides={**spec.overrides, **({"layer_pattern": pattern} if pattern else {}), **(overrides or {})},
         parametrization=parametrization,
         base_width=base_width or spec.base_width,

@@ -1,12 +1,17 @@
-"""The names of linrnn's training configs, ``{cell}_{size}_{parametrization}``, and each size's settings; no
-torchtitan import, so ``linrnn train`` checks its arguments before loading it (``linrnn.training.configs`` builds
-the configs)."""
+"""The names of linrnn's training configs, ``{cell}_{size}_{parametrization}``, and each size's settings (read
+from the one table of model sizes, ``linrnn.models.config.PRESETS``); no torchtitan import, so ``linrnn train``
+checks its arguments before loading it (``linrnn.training.configs`` builds the configs)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
+from linrnn import parametrizations
+from linrnn.models.config import (  # noqa: F401  (canonical_training_size: re-exported)
+    PRESET_ALIASES,
+    PRESETS,
+    TrainingRecipe,
+    canonical_training_size,
+    training_sizes,
+)
 from linrnn.recurrences.registry import get_cell, list_mixers
 
 # hybrid models by name: the layer pattern cycled over the layers (ModelConfig.layer_pattern). Three delta-rule
@@ -32,34 +37,15 @@ def resolve_cell(name: str) -> tuple[str, list[str] | None]:
 
 
 PARAMETRIZATIONS = {"sp": "sp", "mup": "mup", "gdn-mup": "gdn-mup"}
-# Older spellings, still accepted in config names and ``linrnn train`` flags
-SIZE_ALIASES = {f"paper{w}": f"paper-{w}" for w in (256, 384, 512, 768, 1024, 1536)}
-PARAMETRIZATION_ALIASES = {"gdnmup": "gdn-mup", "gdn_mup": "gdn-mup"}
+# Older spellings, still accepted in config names and ``linrnn train`` flags: the alias tables of the names' owners
+# (cells: ``CellSpec.aliases``), not copies
+SIZE_ALIASES = PRESET_ALIASES  # linrnn.models.config: paper256 → paper-256
+PARAMETRIZATION_ALIASES = parametrizations.ALIASES  # gdnmup, gdn_mup → gdn-mup
 
-
-@dataclass(frozen=True)
-class Size:
-    preset: str  # linrnn.models preset
-    vocab: int  # the embedded corpus's tokenizer
-    seq_len: int
-    batch: int  # per rank
-    lr: float
-    overrides: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields over the preset
-    base_width: int = 256
-    steps: int = 2000
-    checkpoint_interval: int = 500
-
-
-TINY = {"vocab_size": 4096, "hidden_size": 128, "num_layers": 4, "intermediate_size": 512}
-SIZES = {
-    "tiny": Size("tiny", 4096, 256, 16, 3e-3, TINY, base_width=64, steps=300, checkpoint_interval=100),
-    **{
-        f"paper-{w}": Size(f"paper-{w}", 4096, 512, 16, 3e-3, {"vocab_size": 4096})
-        for w in (256, 384, 512, 768, 1024, 1536)
-    },
-    "340m": Size("340m", 32000, 4096, 4, 1e-3),
-    "1.3b": Size("1.3b", 32000, 4096, 4, 6e-4, {"checkpoint_activations": True}),
-}
+# The training sizes are the model presets that have a training recipe (linrnn.models.config.PRESETS, the one table
+# of sizes): size NAME trains preset NAME with the tokenizer's vocab_size, ``SIZES[NAME].overrides``
+Size = TrainingRecipe  # the name linrnn.training.configs has exported
+SIZES: dict[str, TrainingRecipe] = {name: PRESETS[name].training for name in training_sizes()}
 
 
 def config_names() -> list[str]:

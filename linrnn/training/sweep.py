@@ -41,9 +41,9 @@ PARAMETRIZATIONS = ("sp", "mup", "gdn-mup")
 
 
 class SweepConfig(BaseModel):
-    """The grid and the training settings shared by every run of a sweep. Defaults: seed 000's GDN family (8
+    """The grid and the training settings shared by every run of a sweep. Defaults: the GDN-muP paper's GDN family (8
     layers, 6 heads, key/value widths 0.75/1.5 × width, MLP 4 × width) at widths 128 to 1024, 7 log-spaced
-    learning rates per optimizer over seed 000's ranges, a 4096-token vocabulary with an untied readout that
+    learning rates per optimizer over the paper's ranges, a 4096-token vocabulary with an untied readout that
     starts at zero (Tensor Programs V), 10% linear warmup then cosine decay, gradient clipping at 1."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -54,8 +54,8 @@ class SweepConfig(BaseModel):
     widths: list[int] = [128, 256, 512, 1024]
     base_width: int | None = Field(None, description="default: the smallest width")
     lrs: dict[str, list[float]] = Field(
-        # seed 000's ranges (AdamW 1e-3..3e-2, SGD 0.1..1 in 7 steps) with two more steps on the side where GDN's
-        # optimum sat at the edge (docs/sweeps.md)
+        # the GDN-muP paper's ranges (AdamW 1e-3..3e-2, SGD 0.1..1 in 7 steps) with two more steps on the side where
+        # GDN's optimum sat at the edge (docs/sweeps.md)
         default_factory=lambda: {"adamw": log_grid(1e-3, 9.32e-2, 9), "sgd": log_grid(0.0464, 1.0, 9)},
         description="learning rates per optimizer (the base value; the parametrization scales each role's)",
     )
@@ -69,7 +69,7 @@ class SweepConfig(BaseModel):
     min_lr_factor: float = Field(0.01, ge=0, le=1, description="cosine decays to lr × this")
     weight_decay: dict[str, float] = Field(default_factory=lambda: {"adamw": 0.1, "sgd": 0.0})
     betas: tuple[float, float] = (0.9, 0.95)
-    momentum: float = 0.98  # SGD, Nesterov (seed 000 §6)
+    momentum: float = 0.98  # SGD, Nesterov (the GDN-muP paper's §6)
     max_norm: float = Field(1.0, gt=0)
     readout_zero_init: bool = True
     readout_bias: bool = False  # a learned logit bias outside the logit multiplier (docs/sweeps.md, SGD)
@@ -265,7 +265,7 @@ class Corpus:
 
 
 def model_spec(config: SweepConfig, run: Run):
-    """The ``TitanLanguageModel.Config`` of one grid point: seed 000's family at the run's width."""
+    """The ``TitanLanguageModel.Config`` of one grid point: the GDN-muP paper's family at the run's width."""
     from linrnn.training.model import TitanLanguageModel
 
     return TitanLanguageModel.Config(

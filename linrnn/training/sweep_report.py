@@ -1,5 +1,5 @@
 """The report of a learning-rate sweep: per (cell, optimizer, parametrization) and width, the validation loss
-against the learning rate shifted by that width's best (seed 000's plots), the best learning rate, and the
+against the learning rate shifted by that width's best (as the GDN-muP paper plots it), the best learning rate, and the
 transfer score: the largest distance, in steps of the learning-rate grid, between a width's best learning rate
 and the base width's (0: the optimum stays put; diverged runs count as worse than any finished one, and a width
 where every run diverged counts as the largest possible distance), and the transfer regret: the largest loss, over

@@ -207,8 +207,8 @@ def test_a_folder_that_is_not_linrnns_is_one_clear_error(setup, tmp_path, monkey
 
 
 def test_generate_until_on_an_attention_model(setup, tmp_path):
-    """The engine refuses attention layers: generate_until decodes them one request at a time, greedy tokens equal
-    to the full forward's argmax, cut at the stop string."""
+    """Attention layers keep a KV cache in the engine's slots, sized to the call's longest request: greedy tokens
+    equal to the full forward's argmax, cut at the stop string."""
     tokens = setup["tokens"]
     torch.manual_seed(2)
     model = small_model(tokens.tokenizer.get_vocab_size(), cell="attention")

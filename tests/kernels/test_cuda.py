@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import linrnn
-from tests.helpers import CELLS, OPS, TRITON_CELLS, assert_runs_match, forward_backward, make_inputs
+from tests.helpers import CELLS, OPS, assert_runs_match, forward_backward, make_inputs
 
 pytestmark = pytest.mark.gpu
 STREAMS = ("q", "k", "v", "a", "g", "beta", "b", "w")  # the [B, T, ...] inputs
@@ -61,7 +61,7 @@ def test_cu_seqlens_on_the_host(cell, backend):
     assert torch.equal(host[0], device[0]) and torch.equal(host[1], device[1])
 
 
-@pytest.mark.parametrize("cell", TRITON_CELLS)
+@pytest.mark.parametrize("cell", CELLS)
 def test_model_decode_on_cuda(cell, monkeypatch):
     """Decoding on CUDA runs the Triton fused recurrent kernel and reproduces the full forward (torch path)."""
     from linrnn.kernels.triton import fused_recurrent

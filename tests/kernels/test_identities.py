@@ -1,4 +1,5 @@
-"""DESIGN.md's identities between cells, each on both backends."""
+"""Identities between cells (KDA with a channel-constant gate is GDN, GDN without decay is DeltaNet, GammaNet with
+Γ = I and a tied erase is KDA, ...), each on both backends."""
 
 import pytest
 import torch

@@ -19,7 +19,7 @@ if importlib.util.find_spec("triton") is None:
 
 from linrnn import ops  # noqa: E402
 from linrnn.kernels.triton import chunk  # noqa: E402
-from tests.helpers import TRITON_CELLS, assert_close, assert_runs_match, forward_backward, make_inputs, nan_filled  # noqa: E402
+from tests.helpers import CELLS, assert_close, assert_runs_match, forward_backward, make_inputs, nan_filled  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +41,7 @@ def compare(cell, inputs, rtol, dtype=torch.float32, **op_args):
     assert_runs_match(actual, expected, rtol)
 
 
-@pytest.mark.parametrize("cell", TRITON_CELLS)
+@pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("T, K, V, with_state", [(65, 20, 12, False), (1, 16, 8, True)], ids=["T65", "T1"])
 def test_matches_reference(cell, T, K, V, with_state):
     inputs = make_inputs(cell, B=2, T=T, H=2, K=K, V=V, initial_state=with_state, seed=T + K)
@@ -57,14 +57,14 @@ def test_tied_erase_general_backward(cell, monkeypatch):
     compare(cell, inputs, 1e-5)
 
 
-@pytest.mark.parametrize("cell", ["gla", "kda", "gammanet"])
+@pytest.mark.parametrize("cell", ["gla", "kda", "gammanet", "gdn2"])
 def test_two_key_blocks(cell):
     """K = 72: two 64-wide key blocks in the backward's per-block kernels (a bug there passed every K ≤ 64 test)."""
     inputs = make_inputs(cell, B=1, T=65, H=1, K=72, V=12, initial_state=True, seed=8)
     compare(cell, inputs, 1e-5)
 
 
-@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])
+@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet", "gdn2"])
 def test_varlen(cell):
     lengths = [3, 64, 1, 17]
     inputs = make_inputs(cell, B=1, T=sum(lengths), H=2, K=12, V=10, initial_state=True, num_states=4, seed=3)
@@ -213,6 +213,24 @@ def test_decoupled_backward_without_channel_decay(decay):
     if decay == "head":
         args["g"] = inputs["g"]
     cu_seqlens = torch.tensor([0, 9, 77], device=DEVICE)
+    assert_triton_matches_fp64(args, lambda x, backend: ops.recurrence(
+        **x, output_final_state=True, cu_seqlens=cu_seqlens, backend=backend))  # fmt: skip
+
+
+@pytest.mark.parametrize(("decay", "decoupled"), [("none", False), ("head", False), ("channel", True)])
+def test_erase_gate_in_other_structures(decay, decoupled):
+    """A per-channel erase gate (the read vector ``b ⊙ k``) where no cell has one: no or per-head decay (the
+    per-chunk branches of the intra kernels) and a decoupled erase direction (the rows of A_kw); outputs, final
+    state and every gradient, db included, against the fp64 reference, with an initial state and two sequences."""
+    inputs = make_inputs("gdn2", B=1, T=77, H=2, K=12, V=10, initial_state=True, num_states=2, seed=9)
+    args = {n: inputs[n] for n in ("q", "k", "v", "initial_state")}
+    args["erase_gate"] = inputs["b"]
+    if decay != "none":
+        args["g"] = inputs["g"] if decay == "channel" else inputs["g"].mean(-1)
+    if decoupled:
+        gen = torch.Generator().manual_seed(10)
+        args["e"] = F.normalize(torch.randn(inputs["k"].shape, generator=gen, dtype=torch.float64), dim=-1)
+    cu_seqlens = torch.tensor([0, 30, 77], device=DEVICE)
     assert_triton_matches_fp64(args, lambda x, backend: ops.recurrence(
         **x, output_final_state=True, cu_seqlens=cu_seqlens, backend=backend))  # fmt: skip
 

@@ -17,7 +17,7 @@ if importlib.util.find_spec("triton") is None:
 
 from linrnn import ops  # noqa: E402
 from linrnn.kernels.triton import fused_recurrent  # noqa: E402
-from tests.helpers import OPS, TRITON_CELLS, assert_close, make_inputs, nan_filled, recorded_copies  # noqa: E402
+from tests.helpers import CELLS, OPS, assert_close, make_inputs, nan_filled, recorded_copies  # noqa: E402
 
 
 def run(cell, inputs, **op_args):
@@ -34,7 +34,7 @@ def poisoned_outputs(monkeypatch):
 @pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "initial_state"])
 @pytest.mark.parametrize("T, K, V", [(1, 16, 16), (7, 20, 12), (33, 64, 40)])
-@pytest.mark.parametrize("cell", TRITON_CELLS)
+@pytest.mark.parametrize("cell", CELLS)
 def test_matches_reference(cell, T, K, V, with_state):
     inputs = make_inputs(cell, B=2, T=T, H=3, K=K, V=V, initial_state=with_state, dtype=torch.float32, seed=T * K)
     inputs = {n: x.float() for n, x in inputs.items()}
@@ -62,7 +62,7 @@ def test_varlen_and_bf16(cell):
 
 
 @pytest.mark.usefixtures("poisoned_outputs")
-@pytest.mark.parametrize("cell", TRITON_CELLS)
+@pytest.mark.parametrize("cell", CELLS)
 def test_inputs_read_in_place_from_column_slices(cell):
     """q, k, v (and the erase direction) as column slices of one wider [B, T, C] matrix — how the mixers' short
     conv hands them over — are read where they are (no copies) and give the contiguous inputs' result."""

@@ -80,9 +80,9 @@ def test_presets_and_overrides():
     assert config.mixer == {"use_rope": True} and config.intermediate_size == 4 * 512
     with torch.device("meta"):
         wide = LanguageModel(model_config("gdn", "paper-1536"))
-    # seed 000: widths up to ~342M non-embedding parameters
+    # the GDN-muP paper's family: widths up to ~342M non-embedding parameters
     assert 330e6 < wide.num_parameters(exclude_embeddings=True) < 350e6
-    with pytest.raises(ValueError, match="unknown preset 'huge'; known presets: byte-tiny, paper-256"):
+    with pytest.raises(ValueError, match="argument 'preset': expected one of byte-tiny, tiny, .*, got 'huge'"):
         linrnn.build_model("gdn", preset="huge")
     with pytest.raises(ValueError, match="unknown model option 'depth'; known options: .*num_layers"):
         linrnn.build_model("gdn", depth=3)
@@ -200,6 +200,7 @@ def test_one_short_conv_equals_the_stream_modules(cell):
 def test_conv_init():
     """'normal' (the default): every short-conv weight ~ N(0, init_std²) like the projections (FLA's init);
     'uniform': Conv1d's U(±1/√conv_size). Both draw afresh at each build."""
+
     def conv_weights(model):
         return torch.cat([p.flatten() for name, p in model.named_parameters() if "_conv." in name])
 

@@ -129,8 +129,19 @@ def test_packed_documents_equal_separate_runs():
     bounds = [0, 1, 7, 11, 13]
     expected = [attention_reference(mixer, x[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     torch.testing.assert_close(y, torch.cat(expected, dim=1), rtol=1e-12, atol=1e-12)
-    with pytest.raises(ValueError, match="packed documents start from an empty KV cache and return none"):
-        model(ids, positions=positions, return_state=True)
+    # with return_state: each document's cache as one row, zero-padded to the longest ([D, H, 13, K]), lengths
+    with torch.no_grad():
+        _, state = model(ids, positions=positions, return_state=True)
+    keys, values = state[0].kv
+    assert state[0].position.tolist() == [len(doc) for doc in docs]
+    assert keys.shape[:3] == (len(docs), mixer.num_heads, 13)
+    for row, doc in enumerate(docs):
+        _, alone = model(doc[None], return_state=True)
+        torch.testing.assert_close(keys[row, :, : len(doc)], alone[0].kv[0][0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(values[row, :, : len(doc)], alone[0].kv[1][0], rtol=1e-12, atol=1e-12)
+        assert not keys[row, :, len(doc) :].any()
+    with pytest.raises(ValueError, match="rows of different lengths"):  # padded rows decode only in an engine
+        model(ids[:, :1], state=state, return_state=True)
 
 
 def test_lm_trains():
@@ -193,8 +204,8 @@ def test_roles_parametrizations_engine_and_training_names():
         lr = applied.lr_multipliers()["layers.0.mixer.q_proj.weight"]
         assert lr == (1.0 if name == "sp" else 0.5)  # hidden: η / m_in under muP's AdamW table
         assert model.layers[0].mixer.config.output_multiplier == 1.0  # no output norm for §4.3 to precede
-    with pytest.raises(ValueError, match=r"got attention layers, whose KV cache grows .* Use linrnn.generate"):
-        linrnn.Engine(model)
+    engine = linrnn.Engine(model, slots=1, max_length=8)  # a KV cache of 8 positions per slot
+    assert engine.states[0].kv[0].shape == (1, model.layers[0].mixer.num_heads, 8, model.layers[0].mixer.head_k_dim)
     from linrnn.training import names
 
     assert names.canonical_config_name("attention_tiny_sp") == "attention_tiny_sp"

@@ -1,5 +1,5 @@
 """linrnn.stability: transitions against the cells' own recurrence, the measures, the certificates under random
-and adversarial search, seed 003's counterexample, a model's actual gates, and the CLI."""
+and adversarial search, the GammaNet note's KDA-F counterexample, a model's actual gates, and the CLI."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_transition_is_the_cells_recurrence(cell):
 
 
 def test_gammanet_is_kda_f_with_orthogonal_columns_in_tilde_coordinates():
-    """With F = QΓ and κ = Q a, GammaNet's transition is Fᵀ A_kda_f F⁻ᵀ (seed 003's S̃ = S F, transposed)."""
+    """With F = QΓ and κ = Q a, GammaNet's transition is Fᵀ A_kda_f F⁻ᵀ (the GammaNet note's S̃ = S F, transposed)."""
     gen = torch.Generator().manual_seed(3)
     K = 6
     Q = torch.linalg.qr(torch.randn(K, K, generator=gen, dtype=torch.float64)).Q

@@ -167,12 +167,13 @@ def test_own_data_and_tokenizer_end_to_end(corpus, tmp_path):
     [
         (["--param", "foo"], ["--param", "foo", "gdn-mup"]),
         (["--cell", "transformer"], ["--cell", "transformer"]),
+        (["--size", "huge"], ["--size", "huge", "tiny, paper-256", "1.3b"]),
         (["--steps", "0"], ["--steps", "0"]),
         (["--", "--hf_assets_path", "/tmp/x"], ["--hf_assets_path", "--tokenizer"]),
         (["--data", "/nonexistent/docs"], ["--data", "/nonexistent/docs"]),
         (["--tokenizer", "/nonexistent/tok"], ["--tokenizer", "/nonexistent/tok"]),
     ],
-    ids=["param", "cell", "steps", "data_flag_override", "data", "tokenizer"],
+    ids=["param", "cell", "size", "steps", "data_flag_override", "data", "tokenizer"],
 )
 def test_bad_arguments_are_one_line_errors(corpus, tmp_path, args, words):
     one_line_error(linrnn_train("--out", str(tmp_path / "run"), *args), *words)

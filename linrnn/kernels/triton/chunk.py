@@ -19,8 +19,8 @@ import torch
 import triton
 from torch import Tensor
 
-from linrnn.kernels import to_device
 from linrnn.kernels import TRITON_CHUNK as CHUNK
+from linrnn.kernels import to_device
 from linrnn.kernels.triton import new_output
 from linrnn.kernels.triton.chunk_bwd import (
     chunk_bwd_fused_kernel,
@@ -172,10 +172,11 @@ def state_rows(batch: int, steps: int, sequences: int | None) -> int:
 
 def chunk_forward(
     q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens, fp32_accurate=True,
-    need_output=True, kept=None,
+    need_output=True, kept=None, read=None,
 ):  # fmt: skip
     """Forward launches. ``k``: the erase direction (the write key when tied or without erase); ``w``: the write
-    key when decoupled (w ≠ k), else None. Returns ``(o, final_state, saved)``, ``saved`` for the backward.
+    key when decoupled (w ≠ k), else None; ``read``: the vector the erase reads the state along (``b ⊙ k``, Gated
+    DeltaNet-2's gated erase), k when None. Returns ``(o, final_state, saved)``, ``saved`` for the backward.
     ``need_output=False`` (the backward's recomputation) skips the output kernel where nothing else needs it
     (then ``o`` is None): with per-head decay it also forms ``A_qk``, so there it runs. ``kept``: a dict with
     ``states`` and ``U`` of an earlier forward on the same inputs (``saved["states"]``, ``saved["U"]``), which
@@ -210,8 +211,9 @@ def chunk_forward(
     # with per-head decay and neither erase nor a decoupled key the output kernel forms A_qk, all there is
     if not intra_kept and (layout.decay != DECAY_HEAD.value or erase or decoupled):
         chunk_intra_kernel[intra_grid](
-            q, k, w, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
-            BK=_block(K, 64), DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, PREC=layout.precision,
+            q, k, w, read, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
+            BK=_block(K, 64), DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, READ=read is not None,
+            PREC=layout.precision,
             num_warps=layout.warps(intra_warps), num_stages=layout.stages,
         )  # fmt: skip
 
@@ -221,8 +223,9 @@ def chunk_forward(
     elif erase:
         W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
         U_v = None if states_kept else torch.empty(TT, H, V, dtype=torch.float32, device=device)
-        chunk_solve_wu_kernel[(NT, H)](
-            k, v, beta, G, A_kk, A_kw, T, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK, BC=SUB_CHUNK,
+        chunk_solve_wu_kernel[(NT, H)](  # W_s from the read vector
+            k if read is None else read, v, beta, G, A_kk, A_kw, T, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK,
+            BC=SUB_CHUNK,
             BK=_block(K, SOLVE_WU_BLOCK), BV=_block(V, SOLVE_WU_BLOCK), DECAY=layout.decay, HAS_BETA=has_beta,
             DECOUPLED=decoupled, STORE_VALUES=not states_kept, PREC=layout.precision,
             num_warps=layout.warps("solve_wu"), num_stages=layout.stages,
@@ -284,11 +287,13 @@ def _state_block_v(layout: _Layout) -> int:
     return block_v
 
 
-def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, erase, scale, fold=None):
+def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, erase, scale, fold=None, read=None):
     """Backward launches (arguments as ``chunk_forward``). Returns ``(dq, dk, dw, dv, dg, dbeta, d_initial,
-    d_log_gamma)``. ``fold``: ``(Γ [H, K] fp32, (q's dtype, w's dtype))`` when q and w are GammaNet's folded
+    d_log_gamma, d_read)``. ``fold``: ``(Γ [H, K] fp32, (q's dtype, w's dtype))`` when q and w are GammaNet's folded
     ``Γq``, ``Γ⁻¹w``: then dq and dw are those of the unfolded inputs, in those dtypes, and ``d_log_gamma`` ``[H, K]``
-    fp32 (``fused.fold_backward``'s results, fused into the last kernel with per-channel decay); else None."""
+    fp32 (``fused.fold_backward``'s results, fused into the last kernel with per-channel decay); else None. With
+    ``read`` given, dk (fp32) is k's gradient as the erase direction only and ``d_read`` (fp32) the read vector's;
+    else ``d_read`` is None."""
     layout: _Layout = saved["layout"]
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
@@ -325,7 +330,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         num_stages=layout.state_stages,
     )  # fmt: skip
 
-    if erase and not decoupled and decay != DECAY_CHANNEL.value and K <= FUSED_MAX_K:
+    if erase and not decoupled and read is None and decay != DECAY_CHANNEL.value and K <= FUSED_MAX_K:
         dq = new_output(q.shape, q.dtype, device)
         dk, dv = (new_output(x.shape, x.dtype, device) for x in (k, v))
         dg = new_output(g.shape, g.dtype, device) if g is not None else None
@@ -335,7 +340,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
             **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, FUSED_MAX_K), BV=_block(V, FUSED_BLOCK_V),
             DECAY=decay, HAS_BETA=has_beta, PREC=precision, num_warps=layout.warps("fused"), num_stages=layout.stages,
         )  # fmt: skip
-        return dq, dk, None, dv, dg, dbeta, d_initial, None
+        return dq, dk, None, dv, dg, dbeta, d_initial, None, None
 
     dq_part, dk_minus = buffers(2, TT, H, K)
     (dW_s,) = buffers(1, TT, H, K, when=erase)
@@ -356,7 +361,8 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     (dbeta,) = buffers(1, TT, H, when=has_beta)
     dv = new_output(v.shape, v.dtype, device)
     chunk_bwd_local_kernel[(NT, H)](
-        k, w, v, beta, G, saved["T"], saved["A_kk"], saved["A_qw"], saved["A_kw"], saved["U"], dU, dstates, do, dW_s,
+        k if read is None else read, w, v, beta, G, saved["T"], saved["A_kk"], saved["A_qw"], saved["A_kw"],
+        saved["U"], dU, dstates, do, dW_s,
         dv, dbeta, dk_plus, dA_qk, dA_qw, dA_kk, dA_kw, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k,
         BV=_block(V, 64), BK_ALL=layout.block_k, DECAY=decay, ERASE=erase, HAS_BETA=has_beta, DECOUPLED=decoupled,
         PREC=precision, num_warps=layout.warps("local"), num_stages=layout.stages_of("local"),
@@ -372,15 +378,17 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     else:
         dq_dtype, dw_dtype = q.dtype, w.dtype if decoupled else None
     dq = new_output(q.shape, dq_dtype, device)
-    dk = new_output(k.shape, k.dtype, device)
+    dk = new_output(k.shape, k.dtype if read is None else torch.float32, device)  # fp32: read's part is added later
     dw = new_output(w.shape, dw_dtype, device) if decoupled else None
+    d_read = new_output(k.shape, torch.float32, device) if read is not None else None
     dG = torch.empty(g.shape, **f32) if g is not None else None
     grid = (NT, H, (CHUNK // SUB_CHUNK) * triton.cdiv(K, block_k) if per_channel else 1)
     d_log_gamma_partial = torch.zeros(NT * (CHUNK // SUB_CHUNK), H, K, **f32) if fused_fold else None
     chunk_bwd_intra_kernel[grid](
-        q, k, w, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dG,
+        q, k, w, read, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, d_read, dG,
         fold[0] if fused_fold else None, d_log_gamma_partial, **common, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
-        BK=block_k, DECAY=decay, ERASE=erase, DECOUPLED=decoupled, FOLD=fused_fold, PREC=precision,
+        BK=block_k, DECAY=decay, ERASE=erase, DECOUPLED=decoupled, READ=read is not None, FOLD=fused_fold,
+        PREC=precision,
         num_warps=layout.warps("bwd_intra_channel" if per_channel else "bwd_intra"), num_stages=layout.stages,
     )  # fmt: skip
     d_log_gamma = None
@@ -402,4 +410,4 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         )  # fmt: skip
     if dbeta is not None:
         dbeta = dbeta.to(beta.dtype).view(beta.shape)
-    return dq, dk, dw, dv, dg, dbeta, d_initial, d_log_gamma
+    return dq, dk, dw, dv, dg, dbeta, d_initial, d_log_gamma, d_read

@@ -364,14 +364,17 @@ def chunk_bwd_fused_kernel(
 
 @triton.jit
 def chunk_bwd_intra_kernel(
-    q, k, w, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dG, gamma,
+    q, k, w, r, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dr, dG, gamma,
     d_log_gamma_partial, cu_seqlens, chunk_index,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, FOLD: tl.constexpr, PREC: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, READ: tl.constexpr, FOLD: tl.constexpr,
+    PREC: tl.constexpr,
 ):  # fmt: skip
     """Gradients through ``A_qk`` (``dA_qk`` comes with the scale applied) and ``A_kk``, added to the parts from
     the other kernels: dq, dk (inputs' dtypes) and dG (fp32; per head ``[TT, H]``, per channel ``[TT, H, K]``).
     Decoupled, also through ``A_qw`` and ``A_kw`` (w in the columns): dw, every use of w being a column one.
+    ``READ`` (a separate read vector r in the rows of A_kk and A_kw, and in K̂): the row uses' gradient dk₊ goes to
+    dr (fp32) and dk keeps the column uses' dk₋; else both are k's.
 
     ``FOLD`` (GammaNet, per-channel decay only: q and w are the folded ``Γq``, ``Γ⁻¹w``): dq and dw back through
     the fold, ``Γ d(Γq)`` and ``Γ⁻¹ d(Γ⁻¹w)`` from the fp32 sums, and each program's part of
@@ -406,6 +409,9 @@ def chunk_bwd_intra_kernel(
         for kb in range(0, tl.cdiv(K, BK)):
             q_t = load_head_tile(q, bos, length, h, c * BT, kb * BK, H, K, BT, BK).to(tl.float32)
             k_t = load_head_tile(k, bos, length, h, c * BT, kb * BK, H, K, BT, BK).to(tl.float32)
+            r_t = k_t
+            if READ:
+                r_t = load_head_tile(r, bos, length, h, c * BT, kb * BK, H, K, BT, BK).to(tl.float32)
             d_q = load_head_tile(dq_part, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
             d_km = load_head_tile(dk_minus, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
             d_q += tl.dot(d_aqk, k_t, input_precision=PREC)
@@ -414,19 +420,24 @@ def chunk_bwd_intra_kernel(
             if ERASE:
                 d_kp += load_head_tile(dk_plus, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
                 d_kp += tl.dot(d_akk, k_t, input_precision=PREC)
-                d_km += tl.dot(tl.trans(d_akk), k_t, input_precision=PREC)
+                d_km += tl.dot(tl.trans(d_akk), r_t, input_precision=PREC)
             if DECOUPLED:
                 w_t = load_head_tile(w, bos, length, h, c * BT, kb * BK, H, K, BT, BK).to(tl.float32)
                 d_q += tl.dot(d_aqw, w_t, input_precision=PREC)
                 d_kp += tl.dot(d_akw, w_t, input_precision=PREC)
                 d_wm = load_head_tile(dw_minus, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
                 d_wm += tl.dot(tl.trans(d_aqw), q_t, input_precision=PREC)
-                d_wm += tl.dot(tl.trans(d_akw), k_t, input_precision=PREC)
+                d_wm += tl.dot(tl.trans(d_akw), r_t, input_precision=PREC)
                 store_head_tile(dw, d_wm.to(dw.dtype.element_ty), bos, length, h, c * BT, kb * BK, H, K, BT, BK)
             store_head_tile(dq, d_q.to(dq.dtype.element_ty), bos, length, h, c * BT, kb * BK, H, K, BT, BK)
-            store_head_tile(dk, (d_kp + d_km).to(dk.dtype.element_ty), bos, length, h, c * BT, kb * BK, H, K, BT, BK)
+            if READ:
+                store_head_tile(dk, d_km.to(dk.dtype.element_ty), bos, length, h, c * BT, kb * BK, H, K, BT, BK)
+                store_head_tile(dr, d_kp, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
+            else:
+                store_head_tile(dk, (d_kp + d_km).to(dk.dtype.element_ty), bos, length, h, c * BT, kb * BK, H, K, BT,
+                                BK)  # fmt: skip
             if DECAY == DECAY_HEAD:
-                d_g += tl.sum(q_t * d_q + k_t * (d_kp - d_km), axis=1)
+                d_g += tl.sum(q_t * d_q + r_t * d_kp - k_t * d_km, axis=1)
                 if DECOUPLED:
                     d_g -= tl.sum(w_t * d_wm, axis=1)
         if DECAY == DECAY_HEAD:
@@ -453,6 +464,8 @@ def chunk_bwd_intra_kernel(
         row_s, col = c * BT + r0, kb * BK
         q_s = load_tile(qh, row_s, col, length, K, row_stride, BC, BK).to(tl.float32)
         k_s = load_tile(kh, row_s, col, length, K, row_stride, BC, BK).to(tl.float32)
+        rh = r + (bos * H + h) * K if READ else kh
+        r_s = load_tile(rh, row_s, col, length, K, row_stride, BC, BK).to(tl.float32) if READ else k_s
         g_s = load_tile(gh, row_s, col, length, K, row_stride, BC, BK)
         d_q = tl.zeros([BC, BK], dtype=tl.float32)
         d_kp = tl.zeros([BC, BK], dtype=tl.float32)
@@ -494,15 +507,15 @@ def chunk_bwd_intra_kernel(
                 d_block = load_tile(a_qk, row_a, r0, length, BT, H * BT, BC, BC)
                 acc += tl.dot(tl.trans(d_block), q_a * factor, input_precision=PREC)
                 if ERASE:
-                    k_a = load_tile(kh, row_a, col, length, K, row_stride, BC, BK).to(tl.float32)
+                    r_a = load_tile(rh, row_a, col, length, K, row_stride, BC, BK).to(tl.float32)
                     d_block = load_tile(a_kk, row_a, r0, length, BT, H * BT, BC, BC)
-                    acc += tl.dot(tl.trans(d_block), k_a * factor, input_precision=PREC)
+                    acc += tl.dot(tl.trans(d_block), r_a * factor, input_precision=PREC)
                 if DECOUPLED:
-                    k_a = load_tile(kh, row_a, col, length, K, row_stride, BC, BK).to(tl.float32)
+                    r_a = load_tile(rh, row_a, col, length, K, row_stride, BC, BK).to(tl.float32)
                     d_block = load_tile(a_qw, row_a, r0, length, BT, H * BT, BC, BC)
                     acc_w += tl.dot(tl.trans(d_block), q_a * factor, input_precision=PREC)
                     d_block = load_tile(a_kw, row_a, r0, length, BT, H * BT, BC, BC)
-                    acc_w += tl.dot(tl.trans(d_block), k_a * factor, input_precision=PREC)
+                    acc_w += tl.dot(tl.trans(d_block), r_a * factor, input_precision=PREC)
             d_km += acc * tl.exp(g_ref[None, :] - g_s)
             d_wm += acc_w * tl.exp(g_ref[None, :] - g_s)
         d_aqk = tl.where(rows >= cols, load_tile(a_qk, row_s, r0, length, BT, H * BT, BC, BC), 0.0)
@@ -528,14 +541,14 @@ def chunk_bwd_intra_kernel(
         for level in tl.static_range(LEVELS):
             left, right, pairs = level_factors(g_block, g_s, x_valid, valid - r0, k_idx, row_stride, K, BC,
                                                BC >> (level + 1))  # fmt: skip
-            q_left, k_left, k_right = q_s * left, k_s * left, k_s * right
+            q_left, r_left, k_right = q_s * left, r_s * left, k_s * right
             level_qk = tl.where(pairs, d_aqk, 0.0)
             d_q += left * tl.dot(level_qk, k_right, input_precision=PREC)
             down = tl.dot(tl.trans(level_qk), q_left, input_precision=PREC)
             if ERASE:
                 level_kk = tl.where(pairs, d_akk, 0.0)
                 d_kp += left * tl.dot(level_kk, k_right, input_precision=PREC)
-                down += tl.dot(tl.trans(level_kk), k_left, input_precision=PREC)
+                down += tl.dot(tl.trans(level_kk), r_left, input_precision=PREC)
             d_km += right * down
             if DECOUPLED:
                 w_right = w_s * right
@@ -543,13 +556,17 @@ def chunk_bwd_intra_kernel(
                 d_q += left * tl.dot(level_qw, w_right, input_precision=PREC)
                 d_kp += left * tl.dot(level_kw, w_right, input_precision=PREC)
                 down_w = tl.dot(tl.trans(level_qw), q_left, input_precision=PREC)
-                d_wm += right * (down_w + tl.dot(tl.trans(level_kw), k_left, input_precision=PREC))
+                d_wm += right * (down_w + tl.dot(tl.trans(level_kw), r_left, input_precision=PREC))
         d_q += load_head_tile(dq_part, bos, length, h, row_s, col, H, K, BC, BK)
         d_km += load_head_tile(dk_minus, bos, length, h, row_s, col, H, K, BC, BK)
         if ERASE:
             d_kp += load_head_tile(dk_plus, bos, length, h, row_s, col, H, K, BC, BK)
-        store_head_tile(dk, (d_kp + d_km).to(dk.dtype.element_ty), bos, length, h, row_s, col, H, K, BC, BK)
-        d_g = q_s * d_q + k_s * (d_kp - d_km)
+        if READ:
+            store_head_tile(dk, d_km.to(dk.dtype.element_ty), bos, length, h, row_s, col, H, K, BC, BK)
+            store_head_tile(dr, d_kp, bos, length, h, row_s, col, H, K, BC, BK)
+        else:
+            store_head_tile(dk, (d_kp + d_km).to(dk.dtype.element_ty), bos, length, h, row_s, col, H, K, BC, BK)
+        d_g = q_s * d_q + r_s * d_kp - k_s * d_km
         if DECOUPLED:
             d_wm += load_head_tile(dw_minus, bos, length, h, row_s, col, H, K, BC, BK)
             d_g -= w_s * d_wm

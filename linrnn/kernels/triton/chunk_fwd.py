@@ -10,6 +10,9 @@ decay from the chunk start and ``A_xy[r, i] = (x_r ⊙ Γ_r/Γ_i)·y_i``::
     O   = (scale Q ⊙ Γ) S + A_qk U                 A_qk lower with the diagonal, scale inside
     S  ← Diag(Γ_C) S + (K ⊙ Γ_C/Γ)ᵀ U
 
+A gated erase (Gated DeltaNet-2) reads the state along ``r = b ⊙ k``: r replaces k in the rows of A_kk and in
+W_s (``T = (I + Diag(β) A_rk)⁻¹``, ``W_s = T Diag(β) (R ⊙ Γ)``); k stays in the columns, A_qk and the state update.
+
 Kernels, in launch order: ``cumsum`` (G, fp32), ``intra`` (A_kk; without per-head decay also A_qk),
 ``solve_wu`` (T, then W_s and U_v from T's blocks in registers), ``state`` (sequential over chunks: S per
 chunk and U), ``output``.
@@ -100,13 +103,14 @@ def level_factors(g_block, g_x, x_valid, count, k_idx, row_stride, K: tl.constex
 
 @triton.jit
 def chunk_intra_kernel(
-    q, k, w, G, A_qk, A_kk, A_qw, A_kw, cu_seqlens, chunk_index, scale,
+    q, k, w, r, G, A_qk, A_kk, A_qw, A_kw, cu_seqlens, chunk_index, scale,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, READ: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """``A_qk`` (no or per-channel decay; scale and diagonal included) and ``A_kk`` (strict), fp32 ``[TT, H, BT]``;
     k: the erase direction. ``DECOUPLED`` (a write key w ≠ k) adds ``A_qw`` (scale and diagonal included) and
-    ``A_kw`` (strict).
+    ``A_kw`` (strict). ``READ``: the erase reads the state along r (``r = b ⊙ k``, a gated erase), which is then the
+    rows of A_kk and A_kw (``A_rk``, ``A_rw``); else r is k.
 
     Per-channel decay: one program per 16 × 16 block (axis 2); otherwise one per chunk. With per-head decay A_qk
     comes from the output kernel instead (it has Q loaded already); without decay it stays here, because a ``kk``
@@ -115,6 +119,7 @@ def chunk_intra_kernel(
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     row_stride = H * K
     q, k = q + (bos * H + h) * K, k + (bos * H + h) * K
+    r = r + (bos * H + h) * K if READ else k
     a_qk = A_qk + (bos * H + h) * BT
     a_kk = A_kk + (bos * H + h) * BT if ERASE else A_kk
     if DECOUPLED:
@@ -128,16 +133,17 @@ def chunk_intra_kernel(
         kw = tl.zeros([BT, BT], dtype=tl.float32)
         for kb in range(0, tl.cdiv(K, BK)):
             k_t = load_tile(k, c * BT, kb * BK, length, K, row_stride, BT, BK)
+            r_t = load_tile(r, c * BT, kb * BK, length, K, row_stride, BT, BK) if READ else k_t
             if DECAY == DECAY_NONE or DECOUPLED:
                 q_t = load_tile(q, c * BT, kb * BK, length, K, row_stride, BT, BK)
             if DECAY == DECAY_NONE:
                 qk += tl.dot(q_t, tl.trans(k_t), input_precision=PREC)
             if ERASE:
-                kk += tl.dot(k_t, tl.trans(k_t), input_precision=PREC)
+                kk += tl.dot(r_t, tl.trans(k_t), input_precision=PREC)
             if DECOUPLED:
                 w_t = load_tile(w, c * BT, kb * BK, length, K, row_stride, BT, BK)
                 qw += tl.dot(q_t, tl.trans(w_t), input_precision=PREC)
-                kw += tl.dot(k_t, tl.trans(w_t), input_precision=PREC)
+                kw += tl.dot(r_t, tl.trans(w_t), input_precision=PREC)
         rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
         if DECAY == DECAY_HEAD:
             g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
@@ -169,7 +175,7 @@ def chunk_intra_kernel(
                 k_idx = kb * BK + tl.arange(0, BK)
                 row_a, row_b, col = c * BT + a * BC, c * BT + b * BC, kb * BK
                 q_a = load_tile(q, row_a, col, length, K, row_stride, BC, BK)
-                k_a = load_tile(k, row_a, col, length, K, row_stride, BC, BK)
+                r_a = load_tile(r, row_a, col, length, K, row_stride, BC, BK)  # k unless READ
                 g_a = load_tile(g, row_a, col, length, K, row_stride, BC, BK)
                 k_b = load_tile(k, row_b, col, length, K, row_stride, BC, BK)
                 g_b = load_tile(g, row_b, col, length, K, row_stride, BC, BK)
@@ -179,12 +185,12 @@ def chunk_intra_kernel(
                 k_right = tl.trans(k_b * right).to(k_b.dtype)
                 qk += tl.dot((q_a * left).to(q_a.dtype), k_right, input_precision=PREC)
                 if ERASE:
-                    kk += tl.dot((k_a * left).to(k_a.dtype), k_right, input_precision=PREC)
+                    kk += tl.dot((r_a * left).to(r_a.dtype), k_right, input_precision=PREC)
                 if DECOUPLED:
                     w_b = load_tile(w, row_b, col, length, K, row_stride, BC, BK)
                     w_right = tl.trans(w_b * right).to(w_b.dtype)
                     qw += tl.dot((q_a * left).to(q_a.dtype), w_right, input_precision=PREC)
-                    kw += tl.dot((k_a * left).to(k_a.dtype), w_right, input_precision=PREC)
+                    kw += tl.dot((r_a * left).to(r_a.dtype), w_right, input_precision=PREC)
         elif a == b:  # the diagonal block: its lower pairs through one reference step per level, the diagonal plain
             g_block, count = g + (c * BT + a * BC) * row_stride, valid - a * BC
             x_valid = a * BC + tl.arange(0, BC) < valid
@@ -194,6 +200,7 @@ def chunk_intra_kernel(
                 row_a, col = c * BT + a * BC, kb * BK
                 q_a = load_tile(q, row_a, col, length, K, row_stride, BC, BK)
                 k_a = load_tile(k, row_a, col, length, K, row_stride, BC, BK)
+                r_a = load_tile(r, row_a, col, length, K, row_stride, BC, BK) if READ else k_a
                 g_a = load_tile(g, row_a, col, length, K, row_stride, BC, BK)
                 qk += tl.where(diagonal, tl.sum(q_a.to(tl.float32) * k_a.to(tl.float32), axis=1)[:, None], 0.0)
                 if DECOUPLED:
@@ -206,11 +213,11 @@ def chunk_intra_kernel(
                     q_left = (q_a * left).to(q_a.dtype)
                     qk += tl.where(pairs, tl.dot(q_left, k_right, input_precision=PREC), 0.0)
                     if ERASE:
-                        kk += tl.where(pairs, tl.dot((k_a * left).to(k_a.dtype), k_right, input_precision=PREC), 0.0)
+                        kk += tl.where(pairs, tl.dot((r_a * left).to(r_a.dtype), k_right, input_precision=PREC), 0.0)
                     if DECOUPLED:
                         w_right = tl.trans(w_a * right).to(w_a.dtype)
                         qw += tl.where(pairs, tl.dot(q_left, w_right, input_precision=PREC), 0.0)
-                        kw += tl.where(pairs, tl.dot((k_a * left).to(k_a.dtype), w_right, input_precision=PREC), 0.0)
+                        kw += tl.where(pairs, tl.dot((r_a * left).to(r_a.dtype), w_right, input_precision=PREC), 0.0)
             qk = tl.where(rows >= cols, qk, 0.0)
             kk = tl.where(rows > cols, kk, 0.0)
             qw = tl.where(rows >= cols, qw, 0.0)

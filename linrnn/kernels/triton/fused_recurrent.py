@@ -4,7 +4,9 @@ One program owns one (sequence, head, block of BV value columns) and keeps its
 ``[K, BV]`` slice of the state in registers for the whole sequence, so the state
 touches memory only at the start (``initial_state``) and the end (final state)::
 
-    S ← Diag(exp g_t) S;  S ← S − β_t e_t (e_tᵀ S);  S ← S + β_t w_t v_tᵀ;  o_t = Sᵀ (scale · q_t)
+    S ← Diag(exp g_t) S;  S ← S − β_t e_t (r_tᵀ S);  S ← S + β_t w_t v_tᵀ;  o_t = Sᵀ (scale · q_t)
+
+with the read vector ``r_t = b_t ⊙ e_t`` under an erase gate b, else ``e_t``,
 
 which is the update of ``reference.py`` step by step. The decay kind (none, per
 head, per channel), the erase term, the write strength and varlen are
@@ -28,10 +30,11 @@ DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = 0, 1, 2
 
 @triton.jit
 def _fused_recurrent_fwd_kernel(
-    q, w, v, e, g, beta, log_gamma, initial_state, o, final_state, cu_seqlens,
+    q, w, v, e, g, beta, erase_gate, log_gamma, initial_state, o, final_state, cu_seqlens,
     scale, steps, q_row, w_row, v_row, e_row,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_GAMMA: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_ERASE_GATE: tl.constexpr,
+    HAS_GAMMA: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):  # fmt: skip
     seq_head, block_v = tl.program_id(0), tl.program_id(1)  # sequences x heads on axis 0: it allows 2^31 - 1
@@ -62,7 +65,10 @@ def _fused_recurrent_fwd_kernel(
         strength = tl.load(beta + row).to(tl.float32) if HAS_BETA else 1.0
         if ERASE:
             e_t = tl.load(e + t * e_row + h * K + k_idx, mask=k_mask, other=0).to(tl.float32)
-            recalled = tl.sum(e_t[:, None] * state, axis=0)  # eᵀS, [BV]
+            r_t = e_t
+            if HAS_ERASE_GATE:  # contiguous [B·T, H, K]
+                r_t *= tl.load(erase_gate + row * K + k_idx, mask=k_mask, other=0).to(tl.float32)
+            recalled = tl.sum(r_t[:, None] * state, axis=0)  # rᵀS, [BV]
             state -= strength * e_t[:, None] * recalled[None, :]
         w_t = tl.load(w + t * w_row + h * K + k_idx, mask=k_mask, other=0).to(tl.float32)
         if HAS_GAMMA:
@@ -87,6 +93,7 @@ def fused_recurrent_fwd(
     g: Tensor | None = None,
     beta: Tensor | None = None,
     *,
+    erase_gate: Tensor | None = None,
     log_gamma: Tensor | None = None,
     scale: float,
     initial_state: Tensor | None = None,
@@ -98,10 +105,11 @@ def fused_recurrent_fwd(
 ) -> tuple[Tensor, Tensor | None]:
     """Same arguments and results as ``recurrence_reference`` (forward only, no autograd).
 
-    ``log_gamma`` ``[H, K]`` runs GammaNet: the erase ``e`` and the true state in and out, with Γ
-    folded inside the kernel (see ``ops.gammanet``). Inputs must be validated already (``ops`` does);
-    K and V up to 256. Outputs: o in ``v``'s dtype, final state fp32. ``block_v`` (value columns per
-    program) and ``num_warps`` override the launch shape (benchmarks/tune_fused_recurrent.py).
+    ``erase_gate`` b ``[B, T, H, K]``: the erase reads the state along ``b ⊙ e``. ``log_gamma`` ``[H, K]`` runs
+    GammaNet: the erase ``e`` and the true state in and out, with Γ folded inside the kernel (see ``ops.gammanet``).
+    Inputs must be validated already (``ops`` does); K and V up to 256. Outputs: o in ``v``'s dtype, final state
+    fp32. ``block_v`` (value columns per program) and ``num_warps`` override the launch shape
+    (benchmarks/tune_fused_recurrent.py).
     ``final_state``: a contiguous fp32 ``[N, H, K, V]`` buffer to write the final state into; it may be
     ``initial_state`` itself (each program loads its tile before it stores it).
     """
@@ -117,15 +125,17 @@ def fused_recurrent_fwd(
         final = new_output((sequences, heads, key_dim, value_dim), torch.float32, v.device)
     decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
     block_k = triton.next_power_of_2(key_dim)
-    block_v = block_v or min(16, triton.next_power_of_2(value_dim))  # 16 x 1 warp: fastest on H200 (RESULTS.md)
+    # 16 x 1 warp: fastest on H200 (benchmarks/RESULTS.md)
+    block_v = block_v or min(16, triton.next_power_of_2(value_dim))
     grid = (sequences * heads, triton.cdiv(value_dim, block_v))
     _fused_recurrent_fwd_kernel[grid](
         q, w, v, e, None if g is None else g.contiguous(), None if beta is None else beta.contiguous(),
-        None if log_gamma is None else log_gamma.contiguous(),
+        None if erase_gate is None else erase_gate.contiguous(), None if log_gamma is None else log_gamma.contiguous(),
         None if initial_state is None else initial_state.contiguous(), o, final, cu_seqlens,
         scale, steps, q.stride(1), w.stride(1), v.stride(1), 0 if e is None else e.stride(1),
         H=heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v,
-        DECAY=decay, ERASE=e is not None, HAS_BETA=beta is not None, HAS_GAMMA=log_gamma is not None,
+        DECAY=decay, ERASE=e is not None, HAS_BETA=beta is not None, HAS_ERASE_GATE=erase_gate is not None,
+        HAS_GAMMA=log_gamma is not None,
         USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=final is not None,
         IS_VARLEN=cu_seqlens is not None,
         num_warps=num_warps or 1,
