@@ -16,10 +16,15 @@ decode step, decode tokens/s, prefill seconds, peak GiB, and the bytes of decode
 short-conv histories and fp32 recurrent states; the Llama: the bf16 KV cache at the prompt length and at 32k). A
 setting whose KV cache cannot fit on the card is skipped for the Llama.
 
+``test_generate_function``: ``linrnn.generate()`` (an ``Engine`` built, and on CUDA its graph captured, in every
+call) against one ``Engine`` kept across calls and the former token-by-token loop (tests/models/reference_generate.py),
+Gated DeltaNet, greedy, at the settings of ``GENERATE_API_SETTINGS`` (default ``1x512x128,32x512x128``): each round
+times a call for 1 new token and one for ``new``; the prefill is the first, the decode the difference.
+
 CPU dry run (tiny models, linrnn only)::
 
-    GENERATE_BENCH_DEVICE=cpu GENERATE_BENCH_SETTINGS=2x16x4 GENERATE_BENCH_MODELS=linrnn_gdn \\
-    python -m pytest benchmarks/test_generate_gpu.py --benchmark-only
+    GENERATE_BENCH_DEVICE=cpu GENERATE_BENCH_SETTINGS=2x16x4 GENERATE_API_SETTINGS=1x16x4,2x16x4 \\
+    GENERATE_BENCH_MODELS=linrnn_gdn python -m pytest benchmarks/test_generate_gpu.py --benchmark-only
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import torch
 DEVICE = os.environ.get("GENERATE_BENCH_DEVICE", "cuda")
 _SETTINGS = os.environ.get("GENERATE_BENCH_SETTINGS", "1x512x128,32x4096x128,256x4096x64")
 SETTINGS = [tuple(map(int, s.split("x"))) for s in _SETTINGS.split(",")]
+_API_SETTINGS = os.environ.get("GENERATE_API_SETTINGS", "1x512x128,32x512x128")
+API_SETTINGS = [tuple(map(int, s.split("x"))) for s in _API_SETTINGS.split(",")]
 MODELS = os.environ.get("GENERATE_BENCH_MODELS", "linrnn_gdn,linrnn_kda,llama,fla_gdn,fla_kda").split(",")
 ROUNDS = int(os.environ.get("GENERATE_BENCH_ROUNDS", "3"))
 DEADLINE = float(os.environ.get("GENERATE_BENCH_DEADLINE", "inf"))  # epoch seconds: later tests skip
@@ -158,4 +165,57 @@ def test_generate(benchmark, name, setting):
         ms_per_step=decode_s / (new - 1) * 1e3, decode_tokens_per_s=batch * (new - 1) / decode_s,
         peak_gib=torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None,
         device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", **info,
+    )  # fmt: skip
+
+
+API_NAMES = {"generate": "linrnn.generate() gdn", "engine": "Engine kept, gdn", "loop": "token loop (former) gdn"}
+
+
+@pytest.mark.parametrize("setting", API_SETTINGS, ids=[f"{b}x{p}x{n}" for b, p, n in API_SETTINGS])
+@pytest.mark.parametrize("impl", list(API_NAMES))
+def test_generate_function(benchmark, impl, setting):
+    """``linrnn.generate()`` against a kept ``Engine`` and the former loop, greedy (module docstring)."""
+    import linrnn
+    from tests.models.reference_generate import reference_generate
+
+    batch, prompt, new = setting
+    if time.time() > DEADLINE:
+        pytest.skip("GENERATE_BENCH_DEADLINE passed (a benchmark cut short writes no results at all)")
+    torch.manual_seed(0)
+    if DEVICE == "cuda":
+        model = linrnn.build_model("gdn", preset="340m")
+    else:
+        model = linrnn.build_model("gdn", vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=LAYERS, num_heads=HEADS,
+                                   intermediate_size=MLP)  # fmt: skip
+    model = model.to(DEVICE, torch.bfloat16 if DEVICE == "cuda" else torch.float32).eval()
+    ids = torch.randint(1, VOCAB, (batch, prompt), device=DEVICE)
+    engine = linrnn.Engine(model, slots=batch) if impl == "engine" else None
+
+    def call(tokens: int) -> float:
+        """Seconds for one greedy call making ``tokens`` new tokens per prompt."""
+        synchronize()
+        start = time.perf_counter()
+        if impl == "generate":
+            linrnn.generate(model, ids, tokens, temperature=0)
+        elif impl == "engine":
+            engine.generate(list(ids), linrnn.Sampling(max_new_tokens=tokens, temperature=0))
+        else:
+            reference_generate(model, ids, tokens, temperature=0)
+        synchronize()
+        return time.perf_counter() - start
+
+    with torch.no_grad():
+        call(new), call(1)  # warm-up: kernels compile and autotune (a kept engine also captures its graph)
+        if DEVICE == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        timings = []
+        benchmark.pedantic(lambda: timings.append((call(1), call(new))), rounds=ROUNDS, iterations=1)
+    prefill_s = statistics.median(first for first, _ in timings)
+    decode_s = statistics.median(whole - first for first, whole in timings)
+    benchmark.extra_info.update(
+        kind="generate", model=API_NAMES[impl], batch=batch, prompt=prompt, new=new, prefill_s=prefill_s,
+        ms_per_step=decode_s / (new - 1) * 1e3, decode_tokens_per_s=batch * (new - 1) / decode_s,
+        call_s=statistics.median(whole for _, whole in timings),
+        peak_gib=torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None,
+        device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
     )  # fmt: skip

@@ -3,10 +3,11 @@
 # the engine — the fused kernels' tests compiled on CUDA (short conv and its decoding step, norms, SwiGLU, the
 # log-decay gate, cross-entropy rows, the fused recurrent kernel updating states in place), the engine's tests
 # (CUDA graphs against plain steps, the Triton decoding kernels), the GPU-marked tests (inductor bf16 model vs
-# eager, packed documents), FLA checkpoints against FLA's model, and with VERIFY_CHUNK_CHECK="ARGS" the fp64 chunk
-# check (experiments/check_triton_chunk.py ARGS) beside them. On a cold machine Triton compiles every kernel first, so the
-# groups run as parallel processes (CPU-bound compiles) with verbose logs: a group cut by its timeout still shows
-# which tests passed. Carry .whl (and .triton_cache.tgz when there is one).
+# eager, packed documents), FLA checkpoints against FLA's model, the newest cells and hybrids, and with
+# VERIFY_CHUNK_CHECK="ARGS" the fp64 chunk check (experiments/check_triton_chunk.py ARGS) beside them. On a cold
+# machine Triton compiles every kernel first, so the groups run as parallel processes (CPU-bound compiles) with
+# verbose logs: a group cut by its timeout still shows which tests passed. Carry .whl (and .triton_cache.tgz when
+# there is one).
 # Writes $OUT/<group>.log, $OUT/check.log and $OUT/triton_cache.tgz.
 set -uo pipefail
 source experiments/device_env.sh  # wheels, PYTHONPATH, Triton cache, $out
@@ -29,8 +30,12 @@ group inference tests/models/test_inference.py
 group compile -m gpu tests/models/test_compile.py
 group packed -m gpu tests/models/test_packed_documents.py
 group fla_checkpoints -rs tests/models/test_fla_checkpoints.py  # against FLA's model (its wheels carried)
+# the newest cells and structures through the Triton kernels against fp64 (GDN-2's gated erase, Mamba-2), and the
+# hybrids' engine with CUDA graphs
+group new_cells tests/kernels/test_cuda.py tests/kernels/test_triton_chunk.py tests/recurrences/test_new_cells.py \
+  tests/models/test_engine_hybrid.py tests/models/test_hybrid.py -k "gdn2 or mamba2 or erase_gate or hybrid or cuda_graph"
 wait
-for name in short_conv fused fused_recurrent inference compile packed fla_checkpoints; do
+for name in short_conv fused fused_recurrent inference compile packed fla_checkpoints new_cells; do
   echo "== $name: $(tail -1 "$out/$name.log")"
   grep -E "^(FAILED|ERROR)" "$out/$name.log"
 done

@@ -8,17 +8,20 @@ Public API::
     linrnn.list_mixers()                               # the cells and softmax attention ("attention")
     linrnn.build_mixer("kda", hidden_size, num_heads)  # one mixer layer
     linrnn.build_model("gdn", preset="byte-tiny")           # a language model
-    linrnn.generate(model, prompt_ids, max_new_tokens)
+    linrnn.generate(model, prompt_ids, max_new_tokens)  # through the engine; [T], [B, T] or a list of prompts
     linrnn.Engine(model, slots=8).generate(prompts, linrnn.Sampling(temperature=0))  # batched decoding
     linrnn.param_roles(model)                          # {parameter name: role}
     linrnn.from_fla("fla-gdn-folder"), linrnn.to_fla(model, "folder")  # FLA Gated DeltaNet checkpoints
+    model.save_pretrained("folder"), linrnn.models.LanguageModel.from_pretrained("folder")  # Hugging Face folders
+    transformers.AutoModelForCausalLM.from_pretrained("folder")  # the same, once linrnn is imported (models.hf)
 """
 
-from linrnn.inference import Engine, Sampling
+from linrnn.inference import Engine, Sampling, generate
 from linrnn.kernels import ops
 from linrnn.kernels.structure import Structure
-from linrnn.models import ModelConfig, build_model, generate, list_presets
+from linrnn.models import ModelConfig, build_model, list_presets, load_checkpoint
 from linrnn.models.fla_checkpoints import from_fla, to_fla
+from linrnn.models.hf import register_with_transformers
 from linrnn.recurrences import (
     CellSpec,
     LinearRNNMixer,
@@ -34,6 +37,8 @@ from linrnn.recurrences import (
 )
 
 __version__ = "0.1.0"
+
+register_with_transformers()  # linrnn's classes in transformers' Auto classes, without importing transformers
 
 __all__ = [
     "CellSpec",
@@ -52,6 +57,7 @@ __all__ = [
     "list_cells",
     "list_mixers",
     "list_presets",
+    "load_checkpoint",
     "ops",
     "param_roles",
     "register_cell",

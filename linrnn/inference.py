@@ -25,10 +25,15 @@ slot.
     engine = Engine(model, slots=8)
     for request_id, token in engine.stream([prompt_a, prompt_b], Sampling(temperature=0.8, top_p=0.95)):
         ...
+
+``generate(model, prompt_ids, max_new_tokens, ...)`` (``linrnn.generate``) is the one-call form: the prompts of a
+``[B, T]`` tensor or a list run through an engine of one slot per prompt and come back with their new tokens.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from linrnn.errors import UsageError
+from linrnn.kernels.validation import describe
+from linrnn.models.config import ModelConfig
 from linrnn.models.lm import LanguageModel, _check_prompt
 from linrnn.recurrences.base import MixerState
 
@@ -61,13 +68,14 @@ DEFAULT_SAMPLING = Sampling()
 @dataclass
 class Request:
     """A prompt and its sampling settings; ``tokens`` collects the new tokens, ``finish_reason`` is "stop" (a stop
-    token) or "length" (``max_new_tokens``) once done."""
+    token, then in ``stop_token``) or "length" (``max_new_tokens``) once done."""
 
     id: int
     prompt: Tensor  # [T] int64
     sampling: Sampling
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_token: int | None = None  # the stop token that ended it (not in ``tokens``)
 
 
 def uniform_noise(seed: Tensor, counter: Tensor, vocab_size: int) -> Tensor:
@@ -114,8 +122,8 @@ def decode_one(model: LanguageModel, prompt: Tensor, sampling: Sampling = DEFAUL
     request = Request(0, prompt.to(device, torch.long), sampling)
     was_training = model.training
     model.eval()
-    per_request = [torch.tensor([value], device=device) for value in (sampling.temperature, sampling.top_k or 0,
-                                                                      sampling.top_p or 1.0, sampling.seed)]  # fmt: skip
+    values = (sampling.temperature, sampling.top_k or 0, sampling.top_p or 1.0, sampling.seed)
+    per_request = [torch.tensor([value], device=device) for value in values]
     logits, state = model(request.prompt[None], return_state=True)
     while request.finish_reason is None and sampling.max_new_tokens > 0:
         counter = torch.tensor([len(request.tokens)], device=device)
@@ -306,7 +314,7 @@ class Engine:
         """Records ``token`` for ``request``; None (and finished) for a stop token."""
         setting = request.sampling
         if token in setting.stop_tokens:
-            request.finish_reason = "stop"
+            request.finish_reason, request.stop_token = "stop", token
             return None
         request.tokens.append(token)
         if len(request.tokens) >= setting.max_new_tokens:
@@ -350,3 +358,151 @@ class Engine:
             self._graphs[greedy] = graph
             self._captured_parameters = self._parameters()
         self._graphs[greedy].replay()
+
+
+@torch.no_grad()
+def generate(
+    model: LanguageModel,
+    prompt_ids: Tensor | Sequence[Tensor],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    *,
+    top_p: float | None = None,
+    stop_tokens: int | Sequence[int] = (),
+    eos_token_id: int | Sequence[int] | None = None,
+    seed: int | None = None,
+) -> Tensor | list[Tensor]:
+    """Up to ``max_new_tokens`` new tokens after each prompt, through an ``Engine`` with one slot per prompt (so
+    the batch decodes together, one CUDA graph replay per token on CUDA).
+
+    ``prompt_ids``: ``[T]`` → ``[T + max_new_tokens]``; ``[B, T]`` → ``[B, T + max_new_tokens]``; a list of ``[T_i]``
+    tensors (lengths may differ) → a list of ``[T_i + n_i]`` tensors. Prompt then new tokens, int64, on the prompt's
+    device; the model's train/eval mode is kept.
+
+    Sampling: ``temperature`` 0 is greedy (argmax); else a draw from softmax(logits / temperature) among the
+    ``top_k`` most likely tokens and the most likely tokens of mass ``top_p`` (``Engine``'s ``sample``).
+    ``stop_tokens`` and ``eos_token_id`` (an id or several; both count) end a sequence at its first stop token. In
+    a tensor result a sequence that stopped is filled with that stop token to the full width, so the first stop
+    token after the prompt marks its end and the shape stays ``[B, T + max_new_tokens]``; in a list result each
+    sequence ends at its last new token, without the stop token.
+
+    Randomness: the draw for the n-th new token of prompt i is a function of (seed + i, n, token id) only
+    (``uniform_noise``), so prompt i gets the tokens of ``Engine`` with ``Sampling(seed=seed + i)``, alone or in
+    any batch. ``seed``: an int in [0, 2³¹). ``generator``: a ``torch.Generator`` to draw that seed from (one
+    ``torch.randint`` on it: the generator advances, and the same seeded generator gives the same tokens). Neither:
+    the seed is drawn from torch's global generator (``torch.manual_seed`` makes calls repeatable). Greedy
+    decoding draws nothing. The distribution is that of the former token-by-token ``torch.multinomial`` loop, but
+    not its random stream: a seeded generator gives other tokens than it did.
+
+    Attention layers keep an ``Engine`` KV cache of the longest prompt + ``max_new_tokens`` positions per slot. The
+    engine stays with the model for the next call of the same batch size (``_engine_for``)."""
+    vocab = _check_model(model)
+    if isinstance(prompt_ids, (list, tuple)):
+        if not prompt_ids:
+            raise UsageError("generate: argument 'prompt_ids' must hold at least one prompt, got an empty list")
+        for i, prompt in enumerate(prompt_ids):
+            if not isinstance(prompt, Tensor) or prompt.dim() != 1:
+                raise UsageError(f"generate: argument 'prompt_ids[{i}]' must be an integer tensor [T] (a list holds "
+                                 f"one 1-D tensor per prompt), got {describe(prompt)}")  # fmt: skip
+            _check_prompt(prompt, vocab, f"prompt_ids[{i}]")
+        prompts = list(prompt_ids)
+    else:
+        _check_prompt(prompt_ids, vocab)
+        prompts = list(prompt_ids[None] if prompt_ids.dim() == 1 else prompt_ids)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise UsageError(f"generate: argument 'max_new_tokens' must be an int >= 0, got {max_new_tokens!r}")
+    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
+        raise UsageError(f"generate: argument 'temperature' must be a number >= 0 (0: greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise UsageError(f"generate: argument 'top_k' must be None or an int >= 1, got {top_k!r}")
+    if top_p is not None and (not _is_real(top_p) or not 0 < top_p <= 1):
+        raise UsageError(f"generate: argument 'top_p' must be None or a number in (0, 1], got {top_p!r}")
+    stops = _token_ids(stop_tokens, "stop_tokens", vocab) + _token_ids(eos_token_id, "eos_token_id", vocab)
+    seed = _seed(seed, generator, draw=temperature > 0)
+    if max_new_tokens == 0:
+        requests = [Request(i, prompt, DEFAULT_SAMPLING) for i, prompt in enumerate(prompts)]
+    else:
+        settings = [Sampling(max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=top_k,
+                             top_p=None if top_p is None else float(top_p), stop_tokens=tuple(dict.fromkeys(stops)),
+                             seed=(seed + i) % 2**31) for i in range(len(prompts))]  # fmt: skip
+        was_training = model.training
+        try:
+            engine = _engine_for(model, len(prompts), max(map(len, prompts)) + max_new_tokens)
+            requests = engine.generate(prompts, settings)
+        finally:
+            model.train(was_training)
+    listed = isinstance(prompt_ids, (list, tuple))
+    rows = []
+    for prompt, request in zip(prompts, requests, strict=True):
+        new = request.tokens
+        if not listed and request.stop_token is not None:  # pad to the full width with the stop token
+            new = new + [request.stop_token] * (max_new_tokens - len(new))
+        rows.append(torch.cat([prompt.long(), torch.tensor(new, dtype=torch.long, device=prompt.device)]))
+    if listed:
+        return rows
+    return rows[0] if prompt_ids.dim() == 1 else torch.stack(rows)
+
+
+def _engine_for(model: LanguageModel, slots: int, length: int) -> Engine:
+    """The engine ``generate`` runs: the one it made for this model at the last call when that has as many slots and
+    room for ``length`` KV-cache positions (so a CUDA graph captured then is replayed, not captured again), else a
+    new one, kept on the model for the next call (its slot buffers live as long as the model or the next call
+    with another batch size)."""
+    engine = model.__dict__.get("_generate_engine")
+    if engine is None or engine.slots != slots or engine.max_length is not None and engine.max_length < length:
+        engine = None  # the old one's buffers go before the new one's are made
+        model.__dict__["_generate_engine"] = None
+        engine = Engine(model, slots=slots, max_length=length)
+        model.__dict__["_generate_engine"] = engine  # not an attribute nn.Module tracks: no state_dict entry
+    return engine
+
+
+def _check_model(model: object) -> int:
+    """The model's vocabulary size; a ``UsageError`` for anything but a linrnn language model."""
+    config = getattr(model, "config", None)
+    if not isinstance(model, torch.nn.Module) or not isinstance(config, ModelConfig):
+        raise UsageError(f"generate: argument 'model' must be a linrnn LanguageModel (linrnn.build_model, "
+                         f"load_checkpoint, from_fla), got {type(model).__name__}")  # fmt: skip
+    return config.vocab_size
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _token_ids(value: object, name: str, vocab_size: int) -> list[int]:
+    """``value`` (None, a token id, or a sequence of them) as a list of ids in [0, vocab_size)."""
+    if value is None:
+        return []
+    ids = [value] if isinstance(value, int) else value.tolist() if isinstance(value, Tensor) else value
+    if isinstance(ids, int):  # a 0-d tensor
+        ids = [ids]
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise UsageError(f"generate: argument '{name}' must be a token id or a sequence of token ids, got "
+                         f"{value!r}")  # fmt: skip
+    for i in ids:
+        if not 0 <= i < vocab_size:
+            raise UsageError(f"generate: argument '{name}': expected token ids in [0, vocab_size = {vocab_size}), "
+                             f"got {i}")  # fmt: skip
+    return list(ids)
+
+
+def _seed(seed: object, generator: object, draw: bool) -> int:
+    """The seed of ``generate``: ``seed`` as given, else (when sampling) one drawn from ``generator`` or from torch's
+    global generator."""
+    if seed is not None and generator is not None:
+        raise UsageError("generate: arguments 'seed' and 'generator' both give the randomness; expected one of them, "
+                         "got both")  # fmt: skip
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise UsageError(f"generate: argument 'generator' must be None or a torch.Generator, got "
+                         f"{type(generator).__name__}")  # fmt: skip
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
+            raise UsageError(f"generate: argument 'seed' must be None or an int in [0, 2**31), got {seed!r}")
+        return seed
+    if not draw:
+        return 0
+    device = generator.device if generator is not None else "cpu"
+    return int(torch.randint(0, 2**31, (1,), generator=generator, device=device))

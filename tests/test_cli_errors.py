@@ -160,3 +160,151 @@ def test_one_spelling_per_name_and_aliases(capsys):
     assert main(["presets"]) == 0
     listed = capsys.readouterr().out
     assert "byte-tiny" in listed and "│ tiny" in listed
+
+
+def test_demo_save_to_an_existing_file(capsys, monkeypatch, tmp_path):
+    """``linrnn demo --save FILE``: one line and exit 2 before any training; the file stays as it was."""
+    from linrnn.cli import demo as demo_command
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the demo trained before --save was checked")
+
+    monkeypatch.setattr(demo_command, "run_cell", forbidden)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me\n")
+    line = error_line(capsys, ["demo", "--cells", "gdn", "--steps", "1", "--save", str(notes)])
+    assert "linrnn demo: argument --save" in line and "existing file" in line and str(notes) in line, line
+    assert notes.read_text() == "keep me\n" and sorted(tmp_path.iterdir()) == [notes]
+
+
+def test_demo_save_below_a_file(capsys, monkeypatch, tmp_path):
+    """A --save folder whose missing parents cannot be made (one of them is a file): one line, exit 2, nothing
+    written. Missing parents themselves are allowed, as before: they are created with the first checkpoint."""
+    from linrnn.cli import build_parser
+    from linrnn.cli import demo as demo_command
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the demo trained before --save was checked")
+
+    monkeypatch.setattr(demo_command, "run_cell", forbidden)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me\n")
+    below = notes / "models" / "run1"
+    line = error_line(capsys, ["demo", "--cells", "gdn", "--steps", "1", "--save", str(below)])
+    assert "linrnn demo: argument --save" in line and str(below) in line and f"'{notes}' is a file" in line, line
+    assert notes.read_text() == "keep me\n" and sorted(tmp_path.iterdir()) == [notes]
+    missing = tmp_path / "new" / "models"  # accepted, and the check itself creates nothing
+    demo_command.check_arguments(build_parser().parse_args(["demo", "--save", str(missing)]))
+    assert sorted(tmp_path.iterdir()) == [notes]
+
+
+def test_unwritable_folders_are_found_before_anything_runs(tmp_path):
+    """``arguments.unwritable``: tried with a real file, since root ignores permission bits (these tests run as
+    root in CI too): a path below a regular file, and /proc, where nobody can create files."""
+    from linrnn.cli.arguments import unwritable
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("x")
+    assert unwritable(tmp_path) is None and unwritable(tmp_path / "new" / "run") is None  # made later: fine
+    assert unwritable(notes / "run") == f"{notes} is not a folder"
+    assert "cannot create a file in /proc" in unwritable("/proc/linrnn-run")
+    assert sorted(tmp_path.iterdir()) == [notes]  # the probe leaves nothing behind
+    if os.geteuid() != 0:  # as root, a read-only folder is writable (and the check says so)
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert "cannot create a file in" in unwritable(locked / "run")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["stability", "gla", "--plot", "/proc/growth.png"],
+        ["coord-check", "gdn", "--plot", "/proc/coords.png"],
+        ["train", "--out", "/proc/linrnn-run"],
+    ],
+    ids=["stability", "coord-check", "train"],
+)
+def test_unwritable_outputs_are_one_line_before_computation(capsys, no_computation, argv):
+    line = error_line(capsys, argv)
+    assert "writ" in line and "/proc" in line and "cannot create a file in /proc" in line, line
+
+
+def test_train_out_below_a_file(capsys, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me\n")
+    line = error_line(capsys, ["train", "--out", str(notes / "run")])
+    assert "linrnn train: argument --out" in line and f"{notes} is not a folder" in line, line
+    assert notes.read_text() == "keep me\n" and sorted(tmp_path.iterdir()) == [notes]
+
+
+def test_ctrl_c_is_one_line(capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stability_command, "check", interrupted)
+    assert main(["stability", "gla"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["linrnn stability: interrupted"], err
+
+
+def test_load_checkpoint_is_exported():
+    """The README names ``linrnn.load_checkpoint``."""
+    assert linrnn.load_checkpoint is load_checkpoint and "load_checkpoint" in linrnn.__all__
+
+
+def test_train_help_names_cells_as_linrnn_cells_does():
+    """``linrnn train --help`` lists the mixers under the names of ``linrnn cells`` (a config name in brackets)."""
+    text = " ".join(build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
+    assert "gated_deltanet (gdn)" in text
+    for name in linrnn.list_mixers():
+        assert name in text, name
+
+
+def test_sweep_of_one_width_is_refused(capsys):
+    pytest.importorskip("torchtitan")
+    line = error_line(capsys, ["sweep", "--widths", "64", "--table", "/nonexistent/sweep.jsonl"])
+    assert "argument --widths" in line and "at least two widths" in line and "[64]" in line, line
+
+
+def test_coord_check_plot_legend_fits(tmp_path, monkeypatch):
+    """One legend entry per kind of output (not one per output and layer: 92 for GDN), outside the panels and
+    saved whole."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from linrnn.parametrizations.coord_check import CoordCheck
+
+    names = ["embed", "norm", "logits"] + [f"layers.{i}.{part}" for i in range(4) for part in
+                                           ("mixer.q_proj", "mixer", "mlp.up_proj", "mixer:beta")]  # fmt: skip
+    check = CoordCheck("gdn", "mup", "adamw", 1e-3, [64, 128], 1)
+    check.sizes = {name: np.ones((2, 2)) for name in names} | {f"Δ {name}": np.ones((2, 2)) for name in names}
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda figure=None: figures.append(figure) or close(figure))
+    check.plot(tmp_path / "coords.png")
+    labels = [text.get_text() for text in figures[0].legends[0].get_texts()]
+    assert labels[:-2] == ["embed", "norm", "logits", "mixer.q_proj", "mixer", "mlp.up_proj", "mixer:beta"]
+    assert (tmp_path / "coords.png").stat().st_size > 0
+
+
+def test_sweep_estimates_its_time_from_measured_rates(tmp_path):
+    """Before training, ``linrnn sweep`` says how long the runs to go should take: from the table's runs of these
+    settings on this kind of device where it has some, else from linrnn's measured rates."""
+    pytest.importorskip("torchtitan")
+    import json
+
+    from linrnn.cli.sweep import config_from_args, estimate_line
+    from linrnn.training.sweep import pending
+
+    table = tmp_path / "sweep.jsonl"
+    argv = ["sweep", "--widths", "32", "64", "--layers", "2", "--heads", "2", "--seq-len", "64", "--steps", "20",
+            "--optimizers", "adamw", "--adamw-lrs", "1e-3", "--params", "sp", "--table", str(table)]  # fmt: skip
+    config = config_from_args(build_parser().parse_args(argv))
+    todo = list(pending(config, table))
+    line = estimate_line(config, todo, table, "cpu")
+    assert line.startswith("estimate: 2 runs ≈ ") and "measured on 2 CPU cores" in line, line
+    key = todo[0].key(config.settings_hash())  # a run of width 64 at 100 tokens/s: 40,960 tokens take 7 min
+    table.write_text(json.dumps({**todo[0].model_dump(), "key": key, "device": "cpu", "tokens_per_second": 100}) + "\n")
+    line = estimate_line(config, todo, table, "cpu")
+    assert "the table's runs on this device" in line and "2 runs ≈ 7 min" in line, line
+    assert "the table's runs" not in estimate_line(config, todo, table, "cuda")

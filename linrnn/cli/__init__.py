@@ -1,15 +1,15 @@
 """The ``linrnn`` command: ``linrnn demo``, ``linrnn cells``, ``linrnn presets``, ``linrnn stability``,
 ``linrnn coord-check``, ``linrnn train``, ``linrnn sweep``, ``linrnn data prepare``, ``linrnn generate``,
-``linrnn eval mqar``, ``linrnn eval length``.
+``linrnn export``, ``linrnn eval mqar``, ``linrnn eval length``.
 
 One module per command group parses its arguments and calls the library: ``demo``, ``listings`` (cells,
-presets), ``stability``, ``coord_check``, ``sweep``, ``train``, ``generate``, ``data``, ``evaluation`` (eval);
-``arguments`` has the parser pieces and the argparse value types they share.
+presets), ``stability``, ``coord_check``, ``sweep``, ``train``, ``generate``, ``export``, ``data``, ``evaluation``
+(eval); ``arguments`` has the parser pieces and the argparse value types they share.
 
 Every error in a user's arguments or input is one line on stderr, ``linrnn <command>: <message>``, with exit
 status 2: argparse's (``arguments.Parser``) and ``linrnn.errors.UsageError`` raised by a command. ``--debug`` shows
-the traceback of a ``UsageError`` instead; other exceptions always show theirs. Commands check their arguments
-before they compute anything; the argparse types do it per value.
+the traceback of a ``UsageError`` instead; other exceptions always show theirs. Ctrl-C is one line too, exit status
+130. Commands check their arguments before they compute anything; the argparse types do it per value.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from linrnn.cli import coord_check, data, demo, evaluation, generate, listings, stability, sweep, train
+from linrnn.cli import coord_check, data, demo, evaluation, export, generate, listings, stability, sweep, train
 from linrnn.cli.arguments import DEBUG_HELP, Parser, add_command
 from linrnn.errors import UsageError, one_line
 
@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{args.prog}: {one_line(error)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (linrnn train says where to resume)
+        if args.debug:
+            raise
+        print(f"{args.prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("train", "prepare the embedded corpus, train through torchtitan, report validation bpb and a sample",
          train),
         ("generate", "stream text from a saved model (linrnn train's model.pt, or linrnn demo --save)", generate),
+        ("export", "a linrnn train run folder as a Hugging Face folder (AutoModelForCausalLM.from_pretrained)",
+         export),
     ):  # fmt: skip
         module.add_arguments(add_command(commands, name, summary, module.run))
     data.add_commands(commands.add_parser("data", help="training data"))

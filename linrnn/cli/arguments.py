@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -184,7 +185,28 @@ def plot_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"expected a file name ending in .{', .'.join(formats)}, got {text!r}")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"expected a file in an existing folder, got {text!r}")
+    if problem := unwritable(path.parent):
+        raise argparse.ArgumentTypeError(f"expected a file in a writable folder, got {text!r} ({problem})")
+    if path.exists() and not (path.is_file() and os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"expected a writable file, got {text!r}")
     return path
+
+
+def unwritable(folder: str | Path) -> str | None:
+    """Why no file can be written into ``folder``, or None if one can. A folder that does not exist yet is made
+    later inside its nearest existing parent, so that parent is tried. Tried for real (a temporary file, removed at
+    once), because permission bits do not tell: root ignores them, and a read-only file system refuses root too."""
+    probe = Path(folder).expanduser().absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as error:
+        return f"cannot create a file in {probe}: {error.strerror or error}"
+    return None
 
 
 def json_file(text: str) -> Path:

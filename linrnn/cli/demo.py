@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +18,10 @@ from rich.text import Text
 
 import linrnn
 from linrnn.cli.arguments import cell_name, positive_int
+from linrnn.errors import UsageError
 from linrnn.models import LanguageModel, save_checkpoint
 from linrnn.text import TEXT, text_bytes
+from linrnn.training.loop import train_steps
 
 WINDOW = 64  # bytes per training sequence
 BATCH = 8
@@ -54,10 +56,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=positive_int, default=30, help="AdamW steps per cell (default 30)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--save", type=Path, help="directory for the trained models (DIR/<cell>.pt)")
+    parser.add_argument("--save", type=Path, metavar="DIR",
+                        help="folder for the trained models (DIR/<cell>.pt; missing folders are created)")  # fmt: skip
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Before any training: ``--save`` is a folder, or a path where one can be created (its missing folders are
+    made, as ``mkdir -p``, when the first checkpoint is written)."""
+    save = args.save
+    if save is None:
+        return
+    if save.exists() and not save.is_dir():
+        raise UsageError(f"argument --save: expected a folder for the checkpoints (DIR/<cell>.pt), got {str(save)!r}, "
+                         f"an existing file")  # fmt: skip
+    existing = next(folder for folder in (save, *save.parents) if folder.exists())  # the root always exists
+    if not existing.is_dir():
+        raise UsageError(f"argument --save: expected a folder that can be created, got {str(save)!r} "
+                         f"({str(existing)!r} is a file)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
     torch.set_num_threads(1)  # tiny matrices: more intra-op threads cost more in synchronisation than they save
     console = Console()
     data = text_bytes()
@@ -97,19 +116,19 @@ def run_cell(cell: str, data: torch.Tensor, steps: int, seed: int, progress: Pro
 
 
 def train(model: LanguageModel, data: torch.Tensor, steps: int, report: Callable[[float], None]) -> list[float]:
-    """Next-byte prediction on random windows; ``report(loss)`` after each AdamW step."""
+    """Next-byte prediction on random windows (``linrnn.training.loop.train_steps``: AdamW at a constant learning
+    rate, no clipping); ``report(loss)`` after each step."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
-    losses = []
-    for _ in range(steps):
+    return train_steps(model, optimizer, random_windows(data), steps, on_step=lambda done: report(float(done.loss)))
+
+
+def random_windows(data: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless batches of ``BATCH`` windows at random starts (drawn when a batch is asked for): inputs and their
+    next bytes, each [BATCH, WINDOW]."""
+    while True:
         starts = torch.randint(0, len(data) - WINDOW, (BATCH, 1))
         windows = data[starts + torch.arange(WINDOW + 1)]  # [B, WINDOW + 1]
-        loss = model.loss(windows[:, :-1], windows[:, 1:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        report(losses[-1])
-    return losses
+        yield windows[:, :-1], windows[:, 1:]
 
 
 @torch.no_grad()

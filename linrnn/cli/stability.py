@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 
 from rich.console import Console
 from rich.progress import Progress
@@ -48,11 +49,15 @@ def run(args: argparse.Namespace) -> int:
                          f"(--restarts {args.restarts}, --steps {args.steps})")  # fmt: skip
     names = stability_cells() if args.cells == ["all"] else list(dict.fromkeys(args.cells))
     reports = []
+    search = f" and a search of {args.restarts} starts × {args.steps} steps" if args.restarts and args.steps else ""
+    console.print(f"checking {len(names)} cell{'s' * (len(names) > 1)}: {args.draws:,} random steps{search} each "
+                  f"(with the defaults, seconds to 3 min a cell on 2 CPU cores)", soft_wrap=True)  # fmt: skip
     with Progress(console=console, transient=True) as progress:
-        for name in names:
+        for number, name in enumerate(names, 1):
             batches = math.ceil(math.ceil(args.draws / args.horizon) / 256)  # check() measures 256 sequences at once
             steps = args.steps if args.restarts else 0
             task = progress.add_task(f"{name}: random draws + search", total=batches + steps)
+            started = time.perf_counter()
             reports.append(
                 check(
                     name,
@@ -68,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
                     on_step=lambda task=task: progress.advance(task),
                 )  # fmt: skip
             )
+            progress.remove_task(task)
+            # a line per cell stays, on a terminal or not (the bar shows on a terminal only)
+            line = f"[{number}/{len(names)}] {name}: {reports[-1].verdict} ({time.perf_counter() - started:.0f} s)"
+            progress.console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(report.cell_table(reports, key_dim=args.dim, draws=args.draws, horizon=args.horizon,
                                     beta_max=args.beta_max, gamma_cond=args.gamma_cond, basis=args.basis))  # fmt: skip
     for cell_report in reports:

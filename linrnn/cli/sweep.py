@@ -19,7 +19,7 @@ from linrnn.cli.arguments import (
     positive_int,
 )
 from linrnn.errors import UsageError, one_line
-from linrnn.training.sweep import Run, SweepConfig, pending, run_sweep, write_report
+from linrnn.training.sweep import Run, SweepConfig, pending, read_table, run_sweep, write_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +87,11 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
 
 def run(args: argparse.Namespace) -> int:
     console = Console()
+    table_widths = {row.get("width") for row in read_table(args.table)}
+    if len(set(args.widths) | table_widths) < 2:  # one width here may add points to a table of others
+        raise UsageError(f"argument --widths: a learning-rate transfer sweep compares the best learning rate across "
+                         f"widths, expected at least two widths here and in {args.table}, got "
+                         f"{args.widths}")  # fmt: skip
     try:
         config = config_from_args(args)
     except ValidationError as error:  # what the argparse types leave: the grid as a whole (base width, lrs, ...)
@@ -96,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         # the base width is worth seeing: with one width it is that width, and every parametrization there is SP
         console.print(f"{len(config.runs())} grid points, {len(todo)} runs to train ({config.tokens_per_run:,} "
                       f"tokens each, base width {config.base}) → {args.table}")  # fmt: skip
+        if todo:
+            console.print(estimate_line(config, list(todo), args.table, args.device), highlight=False)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console) as progress:
             task = progress.add_task("training", total=len(todo))
@@ -109,3 +116,39 @@ def run(args: argparse.Namespace) -> int:
             run_sweep(config, args.table, workers=args.workers, time_limit=args.time_limit, device=args.device,
                       on_result=on_result, todo=todo)  # fmt: skip
     return write_report(config, args.table, args.out or args.table.parent, console)
+
+
+def estimate_line(config: SweepConfig, todo: list[Run], table: Path, device: str | None) -> str:
+    """How long the runs to train should take: each run's tokens at its width's rate, measured by the runs of these
+    settings already in the table on this kind of device, else estimated (``linrnn.training.job.estimate``)."""
+    import statistics
+
+    import torch
+
+    from linrnn.models.config import model_config
+    from linrnn.training import job
+    from linrnn.training.sweep import read_table
+
+    kind = "cuda" if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda") else "cpu"
+    settings = config.settings_hash()
+    measured: dict[tuple[str, int], list[float]] = {}
+    for row in read_table(table):
+        if row["key"].endswith(f"/{settings}") and (row.get("device") == "cpu") == (kind == "cpu"):
+            measured.setdefault((row["cell"], row["width"]), []).append(row["tokens_per_second"])
+    seconds, bases = 0.0, set()
+    for run in todo:
+        if (run.cell, run.width) in measured:
+            seconds += config.tokens_per_run / statistics.median(measured[run.cell, run.width])
+            bases.add("the table's runs on this device")
+            continue
+        model = model_config(  # the model linrnn.training.sweep trains at this width (its model_spec)
+            run.cell, "byte-tiny", vocab_size=config.vocab_size, hidden_size=run.width, num_layers=config.num_layers,
+            num_heads=config.heads(run.width), intermediate_size=4 * run.width,
+            tie_embeddings=not config.readout_zero_init,
+        )  # fmt: skip
+        guess = job.estimate(model, config.tokens_per_run, kind, config.seq_len)
+        seconds += guess.seconds
+        bases.add(guess.basis)
+    rates = "; ".join(sorted(bases))
+    return (f"estimate: {len(todo)} runs ≈ {job.duration(seconds)} of training in one process, plus validation "
+            f"(rates: {rates}); --time-limit stops starting runs, the same command resumes")  # fmt: skip

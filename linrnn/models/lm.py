@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import textwrap
 import zipfile
@@ -204,6 +205,205 @@ class LanguageModel(nn.Module):
         total = sum(p.numel() for p in self.parameters())
         return total - self.embed.weight.numel() if exclude_embeddings else total
 
+    # Hugging Face folders. config.json: model_type "linrnn", the whole ModelConfig under "linrnn", the linrnn version
+    # and transformers' usual fields (derived); model.safetensors: the weights under LinrnnForCausalLM's names
+    # ("model." + this module's), the readout left out when tied; the tokenizer's files when saved with one.
+    # linrnn.models.hf registers the transformers classes that read and write the same folders.
+
+    TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+    def save_pretrained(self, folder: str | Path, tokenizer: Any = None) -> Path:
+        """Writes the Hugging Face folder ``folder`` (created if need be; its config.json and model.safetensors
+        replaced): ``LanguageModel.from_pretrained`` and ``transformers.AutoModelForCausalLM.from_pretrained`` (after
+        ``import linrnn``) read it. ``tokenizer``: a folder with tokenizer.json (a ``linrnn train`` run's
+        ``tokenizer/``), a ``tokenizers.Tokenizer`` or a transformers tokenizer; its files are written beside the
+        weights and its BOS/EOS ids into config.json. Needs no transformers. Returns the folder."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(f"save_pretrained: argument 'folder': expected a folder, got the file {folder}")
+        files, special = self._tokenizer_files(tokenizer) if tokenizer is not None else ({}, {})
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        save_file(self.hf_state_dict(), str(folder / "model.safetensors"), metadata={"format": "pt"})
+        config = self.hf_config(self.config, str(self.embed.weight.dtype).removeprefix("torch."), **special)
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return folder
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path) -> LanguageModel:
+        """The model of a folder written by ``save_pretrained`` (or ``LinrnnForCausalLM.save_pretrained``, or
+        ``linrnn export``), in fp32 on the CPU. Only safetensors are read: a folder whose weights are pickles
+        (pytorch_model.bin, .pt, ...) is refused unread, as is one whose config.json has another model_type; each
+        error is a ``UsageError`` (a ``ValueError``) on one line."""
+        from safetensors.torch import load_file
+
+        config_json, weight_files = cls.read_pretrained_folder(folder, "LanguageModel.from_pretrained")
+        model = cls(cls.config_from_hf(config_json, Path(folder) / "config.json"))
+        weights = {}
+        for file in weight_files:
+            weights.update(load_file(str(file)))
+        model.load_hf_state_dict(weights, f"{folder}'s weights")
+        return model
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """The weights under the Hugging Face folder's names: ``"model." + name``, without the readout when it is the
+        embedding (``tie_embeddings``)."""
+        return {f"model.{name}": tensor.detach().contiguous() for name, tensor in self.state_dict().items()
+                if not (self.config.tie_embeddings and name == "lm_head.weight")}  # fmt: skip
+
+    def load_hf_state_dict(self, weights: dict[str, Tensor], source: str) -> None:
+        """Loads ``hf_state_dict``'s names and tensors (all of them, nothing else); a ``UsageError`` naming
+        ``source`` otherwise."""
+        native = {name.removeprefix("model."): tensor for name, tensor in weights.items() if name.startswith("model.")}
+        foreign = sorted(name for name in weights if not name.startswith("model."))
+        if self.config.tie_embeddings:  # one weight stored, under either name (older transformers keep the readout)
+            for name, other in (("lm_head.weight", "embed.weight"), ("embed.weight", "lm_head.weight")):
+                if other in native:
+                    native.setdefault(name, native[other])
+        try:
+            if foreign:
+                raise RuntimeError(f"unexpected names {foreign[:3]} (every name starts with 'model.')")
+            self.load_state_dict(native)
+        except RuntimeError as error:
+            raise UsageError(f"{source} do not fit its config ({_reason(error)})") from error
+
+    @classmethod
+    def hf_config(cls, config: ModelConfig, dtype: str = "float32", **special_token_ids: int) -> dict[str, Any]:
+        """The folder's config.json for a model of ``config`` stored in ``dtype``: ``hf_config_fields`` and
+        transformers' class and settings (``bos_token_id=``, ... from the tokenizer)."""
+        return {"model_type": "linrnn", "architectures": ["LinrnnForCausalLM"], **cls.hf_config_fields(config),
+                "dtype": dtype, "use_cache": True, **special_token_ids}  # fmt: skip
+
+    @staticmethod
+    def hf_config_fields(config: ModelConfig) -> dict[str, Any]:
+        """What config.json holds of the model: the whole ``config`` ("linrnn"), the linrnn version, and the fields
+        transformers' tools read, derived from it."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            linrnn_version = version("linrnn")
+        except PackageNotFoundError:
+            linrnn_version = "unknown"
+        return {
+            "linrnn": config.model_dump(mode="json"),
+            "linrnn_version": linrnn_version,
+            "vocab_size": config.vocab_size,
+            "hidden_size": config.hidden_size,
+            "intermediate_size": config.intermediate_size,
+            "num_hidden_layers": config.num_layers,
+            "num_attention_heads": config.num_heads,
+            "tie_word_embeddings": config.tie_embeddings,
+        }
+
+    @staticmethod
+    def config_from_hf(config_json: dict, file: str | Path) -> ModelConfig:
+        """The ``ModelConfig`` under config.json's "linrnn"; a ``UsageError`` naming ``file`` if it is not one."""
+        values = config_json.get("linrnn")
+        if not isinstance(values, dict):
+            raise UsageError(f"{file}: expected the model's ModelConfig under 'linrnn', got {type(values).__name__}")
+        try:
+            return ModelConfig(**values)
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"{file}: its 'linrnn' is not a valid ModelConfig ({one_line(error)})") from error
+
+    @staticmethod
+    def read_pretrained_folder(folder: str | Path, caller: str) -> tuple[dict, list[Path]]:
+        """config.json of a linrnn Hugging Face folder and its safetensors files, checked before any weight is read:
+        a ``UsageError`` starting with ``caller`` for a missing folder or config.json, another model_type, or weights
+        only as pickles (named, never opened)."""
+        folder = Path(folder)
+        expected = "a folder written by save_pretrained (config.json, model.safetensors)"
+        if not folder.is_dir():
+            raise UsageError(f"{caller}: argument 'folder': expected {expected}, got {folder} "
+                             f"({'a file' if folder.exists() else 'no such folder'})")  # fmt: skip
+        config_file = folder / "config.json"
+        if not config_file.is_file():
+            raise UsageError(
+                f"{caller}: argument 'folder': expected {expected}, got {folder}, which has no config.json"
+            )
+        try:
+            config_json = json.loads(config_file.read_text())
+        except (ValueError, UnicodeDecodeError) as error:
+            raise UsageError(f"{caller}: {config_file} is not JSON ({one_line(error)})") from error
+        model_type = config_json.get("model_type") if isinstance(config_json, dict) else None
+        if model_type != "linrnn":
+            fla = " (an FLA Gated DeltaNet folder: linrnn.from_fla reads it)" if model_type == "gated_deltanet" else ""
+            raise UsageError(f"{caller}: {config_file}: expected model_type 'linrnn', got {model_type!r}{fla}")
+        if (folder / "model.safetensors").is_file():
+            return config_json, [folder / "model.safetensors"]
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():  # shards (transformers' save_pretrained of a large model)
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                raise UsageError(f"{caller}: {index} is not a safetensors index ({one_line(error)})") from error
+            bad = [name for name in shards if Path(name).name != name or not name.endswith(".safetensors")
+                   or not (folder / name).is_file()]  # fmt: skip
+            if bad:
+                raise UsageError(f"{caller}: {index} names {bad[0]!r}, expected safetensors files in {folder}")
+            return config_json, [folder / name for name in shards]
+        pickles = sorted(path.name for path in folder.iterdir()
+                         if path.suffix in (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"))  # fmt: skip
+        if pickles:
+            raise UsageError(f"{caller}: {folder} holds its weights as pickles ({pickles[0]}), which linrnn never "
+                             f"reads; expected model.safetensors (save_pretrained writes it)")  # fmt: skip
+        raise UsageError(f"{caller}: argument 'folder': expected {expected}, got {folder}, which has no "
+                         f"model.safetensors")  # fmt: skip
+
+    def _tokenizer_files(self, tokenizer: Any) -> tuple[dict[str, str], dict[str, int]]:
+        """The tokenizer's files for the folder (tokenizer.json; tokenizer_config.json naming the class transformers'
+        AutoTokenizer builds, and the special tokens) and the special-token ids for config.json."""
+        import tempfile
+
+        text: dict[str, str] = {}
+        expected = "a folder with tokenizer.json, a tokenizers.Tokenizer or a transformers tokenizer"
+        if isinstance(tokenizer, (str, Path)):
+            source = Path(tokenizer)
+            if not (source / "tokenizer.json").is_file():
+                raise UsageError(f"save_pretrained: argument 'tokenizer': expected {expected}, got {source}, which "
+                                 f"has no tokenizer.json")  # fmt: skip
+            text = {name: (source / name).read_text() for name in self.TOKENIZER_FILES if (source / name).is_file()}
+        elif hasattr(tokenizer, "save_pretrained"):  # a transformers tokenizer
+            with tempfile.TemporaryDirectory() as scratch:
+                tokenizer.save_pretrained(scratch)
+                text = {name: (Path(scratch) / name).read_text() for name in self.TOKENIZER_FILES
+                        if (Path(scratch) / name).is_file()}  # fmt: skip
+            if "tokenizer.json" not in text:
+                raise UsageError(f"save_pretrained: argument 'tokenizer': expected {expected}, got a "
+                                 f"{type(tokenizer).__name__}, which writes no tokenizer.json")  # fmt: skip
+        elif hasattr(tokenizer, "to_str") and hasattr(tokenizer, "token_to_id"):  # tokenizers.Tokenizer
+            text = {"tokenizer.json": tokenizer.to_str()}
+        else:
+            raise UsageError(f"save_pretrained: argument 'tokenizer': expected {expected}, got "
+                             f"{type(tokenizer).__name__}")  # fmt: skip
+        from tokenizers import Tokenizer
+
+        try:
+            parsed = Tokenizer.from_str(text["tokenizer.json"])
+            settings = json.loads(text.get("tokenizer_config.json", "{}"))
+        except Exception as error:  # tokenizers raises plain Exceptions
+            raise UsageError(f"save_pretrained: argument 'tokenizer': its tokenizer.json or tokenizer_config.json "
+                             f"cannot be read ({one_line(error)})") from error  # fmt: skip
+        size = parsed.get_vocab_size(with_added_tokens=True)
+        if size > self.config.vocab_size:
+            raise UsageError(f"save_pretrained: argument 'tokenizer': expected at most the model's vocab_size = "
+                             f"{self.config.vocab_size} tokens, got {size}")  # fmt: skip
+        special = {}
+        for key, default in (("bos_token", "<s>"), ("eos_token", "</s>"), ("pad_token", None)):  # linrnn train's
+            name = settings.get(key, default)
+            name = name.get("content") if isinstance(name, dict) else name  # transformers' AddedToken form
+            token = parsed.token_to_id(name) if isinstance(name, str) else None
+            if token is not None:
+                settings.setdefault(key, name)
+                special[f"{key}_id"] = token
+        settings.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+        settings.setdefault("model_input_names", ["input_ids", "attention_mask"])  # no token_type_ids
+        text["tokenizer_config.json"] = json.dumps(settings, indent=2) + "\n"
+        return text, special
+
 
 def save_checkpoint(model: LanguageModel, path: str | Path) -> None:
     """One file with the model's config and weights (``load_checkpoint`` reads it back)."""
@@ -252,59 +452,20 @@ def build_model(cell: str, preset: str = "byte-tiny", **overrides: Any) -> Langu
     return LanguageModel(model_config(cell, preset, **overrides))
 
 
-@torch.no_grad()
-def generate(
-    model: LanguageModel,
-    prompt_ids: Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Sample ``max_new_tokens`` after ``prompt_ids`` (``[B, T]`` or ``[T]``) one token at a time with the
-    carried recurrent state; temperature 0 is greedy. Returns prompt and new tokens, ``[B, T + new]``."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise UsageError(f"generate: argument 'max_new_tokens' must be an int >= 0, got {max_new_tokens!r}")
-    if temperature < 0:
-        raise UsageError(f"generate: argument 'temperature' must be >= 0, got {temperature!r}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise UsageError(f"generate: argument 'top_k' must be None or an int >= 1, got {top_k!r}")
-    _check_prompt(prompt_ids, model.config.vocab_size)
-    squeeze = prompt_ids.dim() == 1
-    tokens = prompt_ids[None] if squeeze else prompt_ids
-    was_training = model.training
-    model.eval()
-    logits, state = model(tokens, return_state=True)
-    for step in range(max_new_tokens):
-        next_logits = logits[:, -1].float()
-        if temperature == 0:
-            next_token = next_logits.argmax(-1, keepdim=True)
-        else:
-            next_logits = next_logits / temperature
-            if top_k is not None:
-                threshold = next_logits.topk(min(top_k, next_logits.shape[-1]), dim=-1).values[:, -1:]
-                next_logits = next_logits.masked_fill(next_logits < threshold, float("-inf"))
-            next_token = torch.multinomial(next_logits.softmax(-1), 1, generator=generator)
-        tokens = torch.cat([tokens, next_token], dim=1)
-        if step + 1 < max_new_tokens:
-            logits, state = model(next_token, state=state, return_state=True)
-    model.train(was_training)
-    return tokens[0] if squeeze else tokens
-
-
-def _check_prompt(prompt_ids: Tensor, vocab_size: int) -> None:
-    """An integer tensor [T] or [B, T] with at least one token per row, every id in [0, vocab_size)."""
+def _check_prompt(prompt_ids: Tensor, vocab_size: int, name: str = "prompt_ids") -> None:
+    """An integer tensor [T] or [B, T] with at least one token per row, every id in [0, vocab_size); errors name
+    the argument ``name`` of ``linrnn.generate`` (which, like ``linrnn.Engine``, calls this)."""
     if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() not in (1, 2) or prompt_ids.is_floating_point():
         raise UsageError(
-            f"generate: argument 'prompt_ids' must be an integer tensor [T] or [B, T], got {describe(prompt_ids)}"
+            f"generate: argument '{name}' must be an integer tensor [T] or [B, T], got {describe(prompt_ids)}"
         )
     if prompt_ids.numel() == 0:
         raise UsageError(
-            f"generate: argument 'prompt_ids' must hold at least one token, got shape {list(prompt_ids.shape)}"
+            f"generate: argument '{name}' must hold at least one token, got shape {list(prompt_ids.shape)}"
         )
     low, high = int(prompt_ids.min()), int(prompt_ids.max())  # one device sync
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         raise UsageError(
-            f"generate: argument 'prompt_ids': expected token ids in [0, vocab_size = {vocab_size}), got {bad}"
+            f"generate: argument '{name}': expected token ids in [0, vocab_size = {vocab_size}), got {bad}"
         )

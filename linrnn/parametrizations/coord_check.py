@@ -22,6 +22,7 @@ random draws otherwise dominate the decay's differences between widths. The data
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from linrnn.errors import UsageError
 from linrnn.parametrizations import apply, get
 from linrnn.recurrences.base import LinearRNNMixer, mamba_decay_params
 from linrnn.text import text_bytes
+from linrnn.training.loop import parametrized_optimizer, train_steps
 
 DEFAULT_LR = {"adamw": 1e-3, "sgd": 0.1}  # the coordinate checks' learning rates (docs/parametrizations.md)
 
@@ -81,9 +83,20 @@ class CoordCheck:
         import matplotlib.pyplot as plt
 
         figure, axes = plt.subplots(1, self.steps + 1, figsize=(4 * (self.steps + 1), 4), sharey=True)
+        # one colour and one legend entry per kind of output (its name without layer index and Δ), every layer in
+        # it; changes since step 0 (Δ) dashed
+        kinds = {name: ".".join(part for part in name.removeprefix("Δ ").split(".") if not part.isdigit()
+                                and part != "layers") or "block" for name in self.sizes}  # fmt: skip
+        palette = [*plt.get_cmap("tab20").colors, *plt.get_cmap("tab20b").colors]
+        colour = {kind: palette[i % len(palette)] for i, kind in enumerate(dict.fromkeys(kinds.values()))}
         for t, axis in enumerate(np.atleast_1d(axes)):
+            labelled = set()
             for name, size in self.sizes.items():
-                axis.plot(self.widths, size[t], marker=".", lw=1, alpha=0.7, label=name if t == 0 else None)
+                kind, change = kinds[name], name.startswith("Δ ")
+                label = kind if t == 0 and kind not in labelled else None
+                labelled.add(kind)
+                axis.plot(self.widths, size[t], marker=".", lw=1, alpha=0.7, color=colour[kind],
+                          linestyle="--" if change else "-", label=label)  # fmt: skip
             axis.set_xscale("log", base=2)
             axis.set_yscale("log")
             axis.set_xlabel("width")
@@ -91,9 +104,13 @@ class CoordCheck:
             axis.grid(True, alpha=0.3)
         np.atleast_1d(axes)[0].set_ylabel("mean |coordinate|")
         figure.suptitle(f"coordinate check: {self.cell}, {self.parametrization}, {self.optimizer}, lr {self.lr:g}")
-        figure.legend(fontsize=5, loc="center right", ncol=2)
-        figure.tight_layout(rect=(0, 0, 0.78, 1))
-        figure.savefig(path, dpi=110)
+        figure.tight_layout()
+        handles, labels = np.atleast_1d(axes)[0].get_legend_handles_labels()
+        handles += [plt.Line2D([], [], color="grey", linestyle=style) for style in ("-", "--")]
+        labels += ["(solid: size)", "(dashed: Δ since step 0)"]
+        figure.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5),
+                      ncol=1 + len(labels) // 32, title="output, all layers", title_fontsize=7)  # fmt: skip
+        figure.savefig(path, dpi=110, bbox_inches="tight")  # the legend outside the panels, kept whole
         plt.close(figure)
 
 
@@ -146,9 +163,8 @@ def coord_check(
                 readout_zero_init=readout_zero_init,
             )
             _same_gate_scalars(model, seed)
-            groups = applied.param_groups(lr)
-            opt = torch.optim.AdamW(groups, weight_decay=0.0) if optimizer == "adamw" else torch.optim.SGD(groups)
-            for t, sizes in enumerate(_train(model, opt, inputs, targets, steps, on_step)):
+            torch_optimizer = parametrized_optimizer(applied, lr)  # the per-role lrs, no weight decay
+            for t, sizes in enumerate(_sizes_per_step(model, torch_optimizer, inputs, targets, steps, on_step)):
                 for name, size in sizes.items():
                     total = result.sizes.setdefault(name, np.zeros((steps + 1, len(widths))))
                     total[t, column] += size / len(seeds)
@@ -175,11 +191,15 @@ def _same_gate_scalars(model: nn.Module, seed: int) -> None:
             mixer.dt_bias.copy_(dt_bias)
 
 
-def _train(model: nn.Module, opt: torch.optim.Optimizer, inputs: Tensor, targets: Tensor, steps: int, on_step):
-    """Yields {name: mean |coordinate|} of the forward at each step 0 … steps (updates in between)."""
+def _sizes_per_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: Tensor, targets: Tensor, steps: int,
+                    on_step: Callable[[], None] | None) -> list[dict[str, float]]:  # fmt: skip
+    """{name: mean |coordinate|} of the forward at each step 0 … steps: the forwards of ``steps`` training steps on
+    the one batch (``linrnn.training.loop.train_steps``), then one more after the last update. Forward hooks record
+    every module's output and, at the end of each forward, the mixers' probes."""
     mixers = {name: module for name, module in model.named_modules() if isinstance(module, LinearRNNMixer)}
-    sizes: dict[str, float] = {}
+    sizes: dict[str, float] = {}  # the current forward's
     at_init: dict[str, Tensor] = {}  # each output at step 0, for the change since init
+    per_step: list[dict[str, float]] = []
 
     def record(name: str):
         def hook(module, args, output):
@@ -194,34 +214,42 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, inputs: Tensor, targets
 
         return hook
 
+    def start_probes(module, args):
+        sizes.clear()
+        for mixer in mixers.values():
+            mixer.probes = {}
+
+    def read_probes(module, args, output):  # the model's last forward hook: after every output's
+        for name, mixer in mixers.items():
+            sizes.update({f"{name}:{key}": value for key, value in _probe_sizes(mixer).items()})
+            mixer.probes = None
+        per_step.append(dict(sizes))  # here rather than after the step: a recomputing backward fires the hooks again
+
     handles = [
-        module.register_forward_hook(record(name or "logits"))
-        for name, module in model.named_modules()
-        if name != "lm_head" and not isinstance(module, (nn.ModuleList, nn.Sequential))
+        model.register_forward_pre_hook(start_probes),
+        *(
+            module.register_forward_hook(record(name or "logits"))
+            for name, module in model.named_modules()
+            if name != "lm_head" and not isinstance(module, (nn.ModuleList, nn.Sequential))
+        ),
+        model.register_forward_hook(read_probes),
     ]
     try:
-        for t in range(steps + 1):
-            sizes.clear()
-            for mixer in mixers.values():
-                mixer.probes = {}
-            logits = model(inputs)
-            for name, mixer in mixers.items():
-                sizes.update({f"{name}:{key}": value for key, value in _probe_sizes(mixer).items()})
-                mixer.probes = None
-            yield dict(sizes)
-            if t == steps:
-                break
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if on_step is not None:
-                on_step()
+        train_steps(model, optimizer, itertools.repeat((inputs, targets)), steps, loss=_logits_loss,
+                    on_step=None if on_step is None else lambda done: on_step())  # fmt: skip
+        model(inputs)  # the sizes after the last update
     finally:
         for handle in handles:
             handle.remove()
         for mixer in mixers.values():
             mixer.probes = None
+    return per_step
+
+
+def _logits_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+    """Cross-entropy through the model's forward (whose hooks record the sizes), not ``model.loss``."""
+    inputs, targets = batch
+    return F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
 
 
 def _probe_sizes(mixer: LinearRNNMixer) -> dict[str, float]:

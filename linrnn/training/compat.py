@@ -12,10 +12,15 @@ device names) is imported; ``python -m linrnn.train`` does that first.
   has no peak FLOPS to compute MFU against: ``get_peak_flops`` answers NaN there, instead of probing ``lspci`` and
   warning that it falls back to an A100's. torch's warnings that DTensor random ops may not work on a CPU mesh
   are silenced: linrnn draws its initial weights on one CPU and distributes them (``linrnn.training.model``).
+- Resuming: torchtitan's ``LRSchedulersContainer.load_state_dict`` recomputes each scheduler's learning rate with
+  ``get_lr()`` outside ``step()``, which torch answers with a UserWarning ("To get the last learning rate computed
+  by the scheduler, please use `get_last_lr()`") on every resume. The value is right (it is what ``step()`` would
+  compute); the call is made inside torch's own ``_enable_get_lr_call``, as ``step()`` does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import types
@@ -49,8 +54,29 @@ def install() -> str:
         titan_utils.device_type, titan_utils.device_module = "cpu", _cpu_device_module()
         titan_utils.get_peak_flops = lambda device_name: float("nan")
         warnings.filterwarnings("ignore", r"DTensor .* may not have complete support on cpu device mesh")
+    _quiet_scheduler_resume()  # after the device names: it imports torchtitan modules that read them
     _installed = True
     return titan_utils.device_type
+
+
+def _quiet_scheduler_resume() -> None:
+    """torchtitan's scheduler ``load_state_dict`` with its ``get_lr()`` calls marked as within a step (module
+    docstring)."""
+    from torch.optim import lr_scheduler
+    from torchtitan.components.optimizer import LRSchedulersContainer
+
+    load = LRSchedulersContainer.load_state_dict
+    if getattr(load, "quiet", False) or not hasattr(lr_scheduler, "_enable_get_lr_call"):
+        return
+
+    def load_state_dict(self, state_dict):
+        with contextlib.ExitStack() as within_step:
+            for scheduler in self.schedulers:
+                within_step.enter_context(lr_scheduler._enable_get_lr_call(scheduler))
+            load(self, state_dict)
+
+    load_state_dict.quiet = True
+    LRSchedulersContainer.load_state_dict = load_state_dict
 
 
 def _cpu_device_module() -> types.SimpleNamespace:

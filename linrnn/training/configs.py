@@ -53,6 +53,7 @@ from linrnn.training.names import (  # noqa: F401  (re-exported: the names are p
     resolve_cell,
 )
 from linrnn.training.optim import ParametrizedOptimizers
+from linrnn.training.state_dict_adapter import LinrnnStateDictAdapter
 
 
 def build(
@@ -92,7 +93,7 @@ def build(
             parallelize_fn=parallelize,
             pipelining_fn=None,
             post_optimizer_build_fn=None,
-            state_dict_adapter=None,
+            state_dict_adapter=LinrnnStateDictAdapter,  # to and from the HF folder (linrnn.models.hf)
         ),
         hf_assets_path=str(data.tokenizer_dir(spec.vocab)),
         dump_folder=f"outputs/{name}",

@@ -203,8 +203,8 @@ def _byte_unigram_bits(train, validation) -> float:
 
 
 def _token_stats(tokenizer, train, validation) -> dict:
-    """Bytes per predicted token of validation (each passage is ``<s> … </s>``: len + 1 targets) and the token
-    unigram baseline in bits per byte."""
+    """Bytes per predicted token of validation (each passage is ``<s> … </s>``: len + 1 targets), the token
+    unigram baseline in bits per byte, and the predicted tokens of each split."""
     vocab = tokenizer.get_vocab_size()
     eos = tokenizer.token_to_id(EOS)
 
@@ -215,7 +215,8 @@ def _token_stats(tokenizer, train, validation) -> dict:
     counts = Counter()
     for ids in targets(train):
         counts.update(ids)
-    total = sum(counts.values()) + vocab
+    train_tokens = sum(counts.values())
+    total = train_tokens + vocab
     bits, tokens = 0.0, 0
     for ids in targets(validation):
         tokens += len(ids)
@@ -223,6 +224,7 @@ def _token_stats(tokenizer, train, validation) -> dict:
     validation_bytes = sum(len(t.encode()) for _, t in validation)
     return {
         "vocab_size": vocab,
+        "train_tokens": train_tokens,
         "validation_tokens": tokens,
         "bytes_per_token": validation_bytes / tokens,
         "token_unigram_bpb": bits / validation_bytes,
@@ -230,7 +232,9 @@ def _token_stats(tokenizer, train, validation) -> dict:
 
 
 def load_text_files(path: str):
-    """A ``datasets.Dataset`` with a ``text`` column from local files (file, directory or glob)."""
+    """A ``datasets.Dataset`` with a ``text`` column from local files (file, directory or glob); text files must
+    be UTF-8 (a ValueError names the first file that is not, and where)."""
+    import datasets
     from datasets import load_dataset
 
     candidate = Path(path).expanduser()
@@ -250,12 +254,37 @@ def load_text_files(path: str):
         )
     builder = builders[kinds.pop()]
     extra = {"sample_by": "document"} if builder == "text" else {}
-    dataset = load_dataset(builder, data_files=files, split="train", **extra)
+    quiet = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # "Downloading data" and "Generating train split" bars for local files: noise
+    try:
+        dataset = load_dataset(builder, data_files=files, split="train", **extra)
+    except Exception as error:
+        found = None if builder == "parquet" else _first_non_utf8(files)
+        if found is None:
+            raise
+        name, offset, byte = found
+        raise ValueError(
+            f"dataset 'files': {name} is not UTF-8 text (byte 0x{byte:02x} at offset {offset:,}); convert it, "
+            f"e.g. iconv -f latin1 -t utf-8"
+        ) from error
+    finally:
+        if not quiet:
+            datasets.enable_progress_bars()
     if "text" not in dataset.column_names:
         raise ValueError(f"dataset 'files': {path!r} has no 'text' column (columns: {dataset.column_names})")
     if len(dataset) == 0 or not any(text.strip() for text in dataset["text"]):
         raise ValueError(f"dataset 'files': the documents in {path!r} are empty")
     return dataset
+
+
+def _first_non_utf8(files: list[str]) -> tuple[str, int, int] | None:
+    """(file, byte offset, byte) of the first byte in ``files`` that is not UTF-8, or None if they all are."""
+    for name in files:
+        try:
+            Path(name).read_bytes().decode("utf-8")
+        except UnicodeDecodeError as error:
+            return name, error.start, error.object[error.start]
+    return None
 
 
 def held_out_split(texts: list[str]) -> tuple[list[str], list[str]]:

@@ -9,7 +9,10 @@ stdout handler on it at INFO. ``linrnn.train`` calls ``install()`` in its place:
 - ``{dump_folder}/torchtitan.log`` (rank 0): everything at INFO and above, once ``LinrnnMetrics`` knows the folder
   (``write_to``); lines logged before that wait in memory.
 
-``install()`` also announces each validation with the number of held-out windows it is about to evaluate.
+``install()`` also announces each validation with the number of held-out windows it is about to evaluate. Its
+bits per byte read each window from a zero state (the recurrence restarts at every window), so they come out a little
+above ``linrnn train``'s final figure, which reads each held-out document from its start in rows of 1024 tokens
+(docs/training.md, "Validation during training and at the end").
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ FALSE_ALARMS = (
 )
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 _file: _RunFile | None = None
+_run_folder: str | None = None
 
 
 def rank() -> int:
@@ -118,10 +122,11 @@ class _RunFile(logging.Handler):
 
 def install() -> None:
     """Replaces the root logger's handlers (torchtitan's ``init_logger``) with linrnn's console and run file."""
-    global _file
+    global _file, _run_folder
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     close()
+    _run_folder = None
     for handler in list(root.handlers):
         root.removeHandler(handler)
     console = logging.StreamHandler(sys.stdout)
@@ -140,10 +145,17 @@ def install() -> None:
 
 def write_to(dump_folder: str) -> None:
     """From now on (and for what was logged so far) the run file is ``{dump_folder}/torchtitan.log``."""
+    global _run_folder
+    _run_folder = dump_folder
     if _file is not None and _file.stream is None:
         path = os.path.join(dump_folder, LOG_FILE)
         _file.open(path)
         log.info(f"torchtitan's full log: {path}")
+
+
+def run_folder() -> str | None:
+    """The run's folder (torchtitan's dump folder), once the run has named it (``write_to``)."""
+    return _run_folder
 
 
 def close() -> None:
@@ -189,5 +201,6 @@ class _Announcing:
             log.info("validating on the held-out set…")
         else:
             windows = calls * kwargs["local_batch_size"] * self.ranks
-            log.info(f"validating on the held-out set ({windows:,} windows of {kwargs['seq_len']} tokens)…")
+            log.info(f"validating on the held-out set ({windows:,} windows of {kwargs['seq_len']} tokens, each read "
+                     f"from a zero state)…")  # fmt: skip
         return loader

@@ -69,10 +69,10 @@ def identity_of(manifest: dict) -> Identity:
 
 
 def open_run(folder: Path, identity: Identity, steps: int, fresh: bool) -> dict | None:
-    """Checks ``folder`` before anything is loaded or written; returns the manifest of the run to resume (None for
-    a new run). Refuses, with one line, a folder that holds files but no manifest (it may not be linrnn's, and
-    its checkpoint would be unpickled) and a run of another identity unless ``fresh``, which empties a linrnn run
-    folder of linrnn's outputs first."""
+    """Checks ``folder`` before anything is loaded or written, and changes nothing; returns the manifest of the run
+    to resume (None for a new run, or with ``fresh``). Refuses, with one line, a folder that holds files but no
+    manifest (it may not be linrnn's, and its checkpoint would be unpickled) and a run of another identity unless
+    ``fresh`` (then ``clear`` empties the folder of linrnn's outputs, once the rest of the run has been checked)."""
     manifest = read_manifest(folder) if folder.is_dir() else None
     if manifest is None:
         if folder.is_dir() and any(folder.iterdir()):
@@ -82,12 +82,6 @@ def open_run(folder: Path, identity: Identity, steps: int, fresh: bool) -> dict 
             )
         return None
     if fresh:
-        for name in OUTPUTS:
-            path = folder / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
         return None
     found = identity_of(manifest)
     if found != identity:
@@ -96,6 +90,16 @@ def open_run(folder: Path, identity: Identity, steps: int, fresh: bool) -> dict 
             f"(choose another --out, or --fresh to start over there)"
         )
     return manifest
+
+
+def clear(folder: Path) -> None:
+    """Deletes a run's outputs (``OUTPUTS``) from its folder: ``--fresh``."""
+    for name in OUTPUTS:
+        path = folder / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
 
 
 def write_manifest(folder: Path, identity: Identity, steps: int, result: dict | None = None) -> None:
@@ -110,6 +114,11 @@ def write_manifest(folder: Path, identity: Identity, steps: int, result: dict | 
 
 
 def latest_step(folder: Path) -> int:
-    """The step of the newest checkpoint in a run folder, 0 if none."""
-    steps = [int(p.name.split("-")[1]) for p in (folder / "checkpoint").glob("step-*") if p.name[5:].isdigit()]
+    """The step of the newest complete checkpoint in a run folder (one with its ``.metadata``, written last; one cut
+    short by Ctrl-C has none, and torchtitan skips it too), 0 if none."""
+    steps = [
+        int(p.name.split("-")[1])
+        for p in (folder / "checkpoint").glob("step-*")
+        if p.name[5:].isdigit() and (p / ".metadata").is_file()
+    ]
     return max(steps, default=0)

@@ -5,8 +5,9 @@ Each run uses the training stack of ``linrnn.train`` without torchtitan's ``Trai
 would cost more than a small run): the model is ``TitanLanguageModel`` initialised by its ``init_weights`` (the
 parametrization applied on the CPU from the run seed), the optimizer is ``ParametrizedOptimizers`` (the
 parametrization's per-role learning rates), the schedule is torchtitan's warmup + cosine, the batches come from
-``WindowDataLoader`` (packed documents with positions) and validation runs over the whole held-out set. Steps
-are: bf16 autocast on CUDA, fp32 on CPU; cross-entropy over the non-ignored targets; gradient clipping; a step.
+``WindowDataLoader`` (packed documents with positions) and validation runs over the whole held-out set. The steps
+are ``linrnn.training.loop.train_steps``'s: bf16 autocast on CUDA, fp32 on CPU; cross-entropy over the non-ignored
+targets; gradient clipping; a step.
 
 At the base width every parametrization is the same model (``parametrizations.apply``), so a grid point there
 is trained once and its row is written for each parametrization (``shared`` names the one that ran).
@@ -302,10 +303,12 @@ def build_model(config: SweepConfig, run: Run, device: torch.device):
 
 
 def train_run(config: SweepConfig, run: Run, corpus: Corpus, device: torch.device) -> dict:
-    """Trains one grid point; returns its table row (without key and shared)."""
+    """Trains one grid point (``linrnn.training.loop.train_steps``); returns its table row (without key and
+    shared)."""
     from torchtitan.components.loss import IGNORE_INDEX
     from torchtitan.components.optimizer import LRSchedulersContainer
 
+    from linrnn.training.loop import Step, train_steps
     from linrnn.training.optim import ParametrizedOptimizers
 
     torch.manual_seed(config.seed)
@@ -327,31 +330,37 @@ def train_run(config: SweepConfig, run: Run, corpus: Corpus, device: torch.devic
         decay_type="cosine",
         min_lr_factor=config.min_lr_factor,
     ).build(optimizers=optimizers, training_steps=config.steps)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")  # validation's
 
     by_role = defaultdict(list)  # role → parameters, for the gradient norms per role
     for name, parameter in model.model.named_parameters():
         by_role[model.applied.roles[name]].append(parameter)
-    losses, grad_norms, role_norms, diverged, start = [], [], [], False, time.perf_counter()
-    batches = corpus.batches(corpus.train)
-    model.train()
-    for step in range(1, config.steps + 1):
-        inputs, labels = next(batches)
-        with autocast:  # the loss path: no [B, T, vocab] logits
-            loss = model.model.loss(inputs["input"].to(device), labels.to(device),
-                                    positions=inputs["positions"].to(device), ignore_index=IGNORE_INDEX)  # fmt: skip
-        loss.backward()
-        if step % 10 == 1:  # the steps of loss_curve; kept on the device (no sync)
+    losses, grad_norms, role_norms, diverged = [], [], [], False  # per step, kept on the device (no sync)
+
+    def loss(model, batch: tuple[dict, torch.Tensor]) -> torch.Tensor:  # the loss path: no [B, T, vocab] logits
+        inputs, labels = batch
+        return model.model.loss(inputs["input"].to(device), labels.to(device),
+                                positions=inputs["positions"].to(device), ignore_index=IGNORE_INDEX)  # fmt: skip
+
+    def record_role_norms(step: int) -> None:  # before clipping
+        if step % 10 == 1:  # the steps of loss_curve
             role_norms.append(torch.stack([_grad_norm(parameters) for parameters in by_role.values()]))
-        grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_norm, foreach=True))
-        optimizers.step()
-        schedulers.step()
-        optimizers.zero_grad()
-        losses.append(loss.detach())
-        if (step % 25 == 0 or step == config.steps) and not torch.isfinite(torch.stack(losses[-25:])).all():
-            diverged = True  # checked every 25 steps: a check reads the device
-            break
-    curve = [float(x) for x in torch.stack(losses).float().cpu()]
+
+    def record(done: Step) -> bool:
+        """Keeps the loss and gradient norm; stops the run when a loss of the last 25 steps is not finite."""
+        nonlocal diverged
+        losses.append(done.loss)
+        grad_norms.append(done.grad_norm)
+        if done.step % 25 == 0 or done.step == config.steps:  # checked every 25 steps: a check reads the device
+            diverged = not torch.isfinite(torch.stack(losses[-25:])).all()
+        return diverged
+
+    start = time.perf_counter()
+    curve = train_steps(
+        model, optimizers, corpus.batches(corpus.train), config.steps, loss=loss, schedule=schedulers,
+        max_norm=config.max_norm, autocast=torch.bfloat16 if device.type == "cuda" else None,
+        on_gradients=record_role_norms, on_step=record,
+    )  # fmt: skip
     seconds = time.perf_counter() - start
     validation = None if diverged else validation_loss(model, corpus, device, autocast, config.validation_batches)
     diverged = diverged or validation is None or not math.isfinite(validation)

@@ -163,9 +163,9 @@ def test_command(tmp_path, capsys):
     assert "steps 3 there, 4 here" in capsys.readouterr().err
 
 
-def test_stopped_sweep_keeps_rows(tmp_path, monkeypatch):
-    """Each finished run is in the JSON at once: a sweep stopped after one run keeps it, and the same command
-    trains only the rest."""
+def test_stopped_sweep_keeps_rows(tmp_path, monkeypatch, capsys):
+    """Each finished run is in the JSON at once: a sweep stopped (Ctrl-C: one line, exit status 130) after one run
+    keeps it, and the same command trains only the rest."""
     out = tmp_path / "results.json"
     argv = ["eval", "mqar", "--cells", "deltanet", "--widths", "16", "--seeds", "0,1", *TINY, "--out", str(out)]
     real = mqar.train_runs
@@ -175,8 +175,8 @@ def test_stopped_sweep_keeps_rows(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(mqar, "train_runs", stopped_after_one)
-    with pytest.raises(KeyboardInterrupt):
-        main(argv)
+    assert main(argv) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["linrnn eval mqar: interrupted"]
     (first,) = json.loads(out.read_text())["rows"]
     monkeypatch.setattr(mqar, "train_runs", real)
     assert main(argv) == 0

@@ -203,3 +203,15 @@ def test_checkpoint_roundtrip_and_cli(tmp_path):
     with pytest.raises(ValueError, match="not a linrnn checkpoint"):
         torch.save({"weights": 1}, tmp_path / "other.pt")
         load_checkpoint(tmp_path / "other.pt")
+
+
+def test_progress_is_a_line_per_cell(capsys):
+    """A check of all cells takes minutes: what it runs is said first, then each cell's verdict and time as it
+    finishes, on a terminal or not (rich's bar shows on a terminal only)."""
+    assert main(["stability", "gla", "deltanet", "--draws", "64", "--restarts", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("checking 2 cells: 64 random steps each"), lines[0]
+    assert [line.rsplit(" (", 1)[0] for line in lines[1:3]] == [
+        "[1/2] gla: stable: certificate holds", "[2/2] deltanet: stable: certificate holds",
+    ]  # fmt: skip
+    assert all(line.endswith(" s)") for line in lines[1:3]), lines[1:3]

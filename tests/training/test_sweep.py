@@ -436,10 +436,13 @@ def test_bad_cli_arguments(tmp_path):
 
 
 def test_two_workers_give_the_rows_of_one(swept, tmp_path):
-    """Two spawned CPU workers (one SGD run each at the base width): the same rows as in-process (fixed seeds)."""
+    """Two spawned CPU workers (one SGD run each at the base width, added to a table that holds a row of width 64):
+    the same rows as in-process (fixed seeds)."""
     table = tmp_path / "workers.jsonl"
+    wide = next(row for row in swept.rows if row["width"] == 64 and row["optimizer"] == "sgd")
+    table.write_text(json.dumps(wide) + "\n")
     assert cli.main([*GRID, "--optimizers", "sgd", "--widths", "32", "--workers", "2", "--table", str(table)]) == 0
-    rows, reference = sweep.read_table(table), {row["key"]: row for row in swept.rows}
+    rows, reference = sweep.read_table(table)[1:], {row["key"]: row for row in swept.rows}
     assert len(rows) == 2 * 3
     for row in rows:
         assert (row["val_loss"], row["loss_curve"], row["shared"]) == (

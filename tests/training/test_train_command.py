@@ -185,3 +185,181 @@ def test_old_spellings_are_accepted(corpus):
 
     assert configs.canonical_config_name("gammanet_paper256_gdnmup") == "gammanet_paper-256_gdn-mup"
     assert configs.gammanet_tiny_gdnmup is getattr(configs, "gammanet_tiny_gdn-mup")
+
+
+# Checked before anything is written, in this process (no training): the data, torchtitan's flags, Ctrl-C's line.
+
+
+def linrnn_train_here(capsys, *args: str) -> tuple[int, str, str]:
+    """``linrnn train args`` in this process: (exit status, stdout, stderr)."""
+    from linrnn.cli import main
+
+    code = main(["train", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_too_little_text_for_a_batch_is_one_line_before_anything_is_written(corpus, tmp_path, capsys):
+    """Twelve short documents: neither split fills one batch of 16 windows of 256 tokens; said per split, before
+    training (it used to fail with a traceback after step 1, at the first validation)."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(12):
+        (folder / f"{i:02}.txt").write_text(f"Document {i}. " + "A few plain words, and then a few more. " * 20)
+    code, out, err = linrnn_train_here(capsys, "--data", str(folder), "--out", str(tmp_path / "run"))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "argument --data: one batch of 16 windows of 256 tokens needs 4,097 tokens in each split" in err
+    assert "the training split has" in err and "the held-out split has" in err and "(1 of the 12 documents)" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_split_sizes_say_what_fits():
+    from linrnn.errors import UsageError
+    from linrnn.training.job import check_split_sizes
+
+    stats = {"train_tokens": 99_000, "train_documents": 25, "validation_tokens": 2_732, "validation_documents": 2}
+    check_split_sizes(stats, seq_len=256, batch=10)  # 10 windows of the held-out 2,734 tokens: enough
+    with pytest.raises(UsageError) as caught:
+        check_split_sizes(stats, seq_len=256, batch=16)
+    message = str(caught.value)
+    assert "needs 4,097 tokens in each split; the held-out split has 2,734 (2 of the 27 documents)" in message
+    assert "training split" not in message and "--training.local_batch_size 10" in message
+    check_split_sizes(stats, seq_len=256, batch=16, validation=False)  # no validation during training
+    with pytest.raises(UsageError, match="--training.seq_len 170"):
+        check_split_sizes(stats, seq_len=4096, batch=16)
+
+
+def test_text_that_is_not_utf8_is_one_line(corpus, tmp_path, capsys):
+    from linrnn.training import data
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text("plain text\n")
+    (folder / "b.txt").write_bytes("Il était une fois un café.\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"{folder / 'b.txt'} is not UTF-8 text \(byte 0xe9 at offset 3\)"):
+        data.load_text_files(str(folder))
+    code, _, err = linrnn_train_here(capsys, "--data", str(folder), "--out", str(tmp_path / "run"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "argument --data" in err and str(folder / "b.txt") in err and "offset 3" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_local_files_load_without_progress_bars(tmp_path, capfd):
+    from linrnn.training import data
+
+    (tmp_path / "a.txt").write_text("some text\n")
+    assert data.load_text_files(str(tmp_path))["text"] == ["some text\n"]
+    captured = capfd.readouterr()
+    assert "Downloading" not in captured.err + captured.out and "Generating" not in captured.err + captured.out
+
+
+def test_a_mistyped_torchtitan_flag_writes_nothing(corpus, tmp_path, capsys):
+    """torchtitan's parser refuses the flag before the manifest is written: the plain command then starts the run
+    (it used to be refused as "another run", the mistyped one's manifest being in the folder)."""
+    code, _, err = linrnn_train_here(capsys, "--out", str(tmp_path / "run"), "--", "--trainig.steps", "3")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "torchtitan flags: Unrecognized options: --trainig.steps" in err, err
+    assert "perhaps you meant --training.steps" in err, err
+    assert not (tmp_path / "run").exists()
+    code, _, err = linrnn_train_here(capsys, "--out", str(tmp_path / "run"), "--", "--training.seq_len", "x")
+    assert code == 2 and "torchtitan flags: Error parsing --training.seq" in err and "'x'" in err, err
+
+
+def test_ctrl_c_says_where_it_stopped_and_how_to_resume(corpus, tmp_path, capsys, monkeypatch):
+    """Training interrupted after step 4, the checkpoint of step 4 cut short: one line naming the step, the run
+    folder, the checkpoint it resumes from and the command (without --fresh); exit status 130. An estimate of the
+    training time came before."""
+    from linrnn.cli import train as train_command
+    from linrnn.training import launch
+
+    out = tmp_path / "run"
+
+    def interrupted(flags):
+        (out / "checkpoint" / "step-2").mkdir(parents=True)
+        (out / "checkpoint" / "step-2" / ".metadata").write_bytes(b"")
+        (out / "checkpoint" / "step-4").mkdir()  # being written when Ctrl-C came: no .metadata
+        monkeypatch.setattr(launch, "finished_step", 4)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_command, "run_trainer", interrupted)
+    code, stdout, err = linrnn_train_here(capsys, "--steps", "5", "--out", str(out), "--fresh", *SMALL)
+    assert code == 130, err
+    assert "estimate: 5 steps × 128 tokens = 640 tokens at about" in stdout, stdout
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    resume = (f"linrnn train --cell gdn --size tiny --param sp --steps 5 --out {out} -- --training.local_batch_size 2 "
+              f"--training.seq_len 64 --validator.steps 2")  # fmt: skip
+    assert lines[0] == (f"linrnn train: stopped after step 4 of 5 (Ctrl-C); run folder {out} keeps the checkpoint of "
+                        f"step 2; resume with: {resume}")  # fmt: skip
+
+
+def test_estimates_rest_on_measured_rates():
+    from linrnn.models.config import model_config
+    from linrnn.training import job
+    from linrnn.training.names import SIZES
+
+    tiny = job.estimate(model_config("gated_deltanet", "tiny", **SIZES["tiny"].overrides), 250 * 4096, "cpu")
+    assert tiny.rate == 2_300 and tiny.basis == "measured for this model on 2 CPU cores"
+    assert tiny.describe() == "1.0M tokens at about 2,300 tokens/s: 7 min"
+    large = job.estimate(model_config("gated_deltanet", "340m", **SIZES["340m"].overrides), 250 * 16384, "cpu")
+    assert large.seconds > 86400 and "scaled by FLOPs per token" in large.basis  # days: said before it starts
+    assert [job.duration(s) for s in (5, 600, 7200, 3 * 86400)] == ["5 s", "10 min", "2.0 h", "3.0 days"]
+
+
+def test_run_folders_keep_no_empty_comm_traces(tmp_path, monkeypatch):
+    """torchtitan makes ``comm_traces/`` for the NCCL flight recorder's dumps on a timeout: removed when empty,
+    after a run and after Ctrl-C, kept when it holds a dump."""
+    import torchtitan.train
+
+    from linrnn.training import compat, launch, logs
+
+    compat.install()
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "0" if key != "MASTER_ADDR" else "127.0.0.1")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+
+    def run_with_traces(dump: bool = False, interrupt: bool = False):
+        logs.write_to(str(tmp_path))  # as LinrnnMetrics does
+        (tmp_path / "comm_traces").mkdir()
+        if dump:
+            (tmp_path / "comm_traces" / "rank_0").write_text("dump")
+        if interrupt:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(torchtitan.train, "main", run_with_traces)
+    launch.run_trainer(["--config", "gdn_tiny_sp"])
+    assert not (tmp_path / "comm_traces").exists()
+    monkeypatch.setattr(torchtitan.train, "main", lambda: run_with_traces(interrupt=True))
+    with pytest.raises(KeyboardInterrupt):
+        launch.run_trainer(["--config", "gdn_tiny_sp"])
+    assert not (tmp_path / "comm_traces").exists()
+    monkeypatch.setattr(torchtitan.train, "main", lambda: run_with_traces(dump=True))
+    launch.run_trainer(["--config", "gdn_tiny_sp"])
+    assert (tmp_path / "comm_traces" / "rank_0").exists()
+
+
+def test_resuming_the_lr_schedule_warns_nothing():
+    """torchtitan's scheduler load_state_dict called get_lr() outside step(): torch's UserWarning on every resume
+    (linrnn.training.compat marks the call as within a step). The learning rate is unchanged."""
+    import warnings
+
+    import torch
+
+    from linrnn.training import compat
+
+    compat.install()
+    from torchtitan.components.optimizer import LRSchedulersContainer
+
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+    config = LRSchedulersContainer.Config(warmup_steps=2, decay_type="cosine", min_lr_factor=0.1)
+    schedulers = config.build(optimizers=[optimizer], training_steps=10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        schedulers.load_state_dict({"last_epoch": 3})
+    assert [str(w.message) for w in caught] == []
+    reference_optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+    reference = config.build(optimizers=[reference_optimizer], training_steps=10)
+    for _ in range(3):
+        reference_optimizer.step()
+        reference.step()
+    assert schedulers.schedulers[0].get_last_lr() == pytest.approx(reference.schedulers[0].get_last_lr())
