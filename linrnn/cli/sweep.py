@@ -19,7 +19,7 @@ from linrnn.cli.arguments import (
     positive_int,
 )
 from linrnn.errors import UsageError, one_line
-from linrnn.training.sweep import Run, SweepConfig, pending, read_table, run_sweep, write_report
+from linrnn.training.sweep import Run, SweepConfig, model_spec, pending, read_table, run_sweep, write_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,9 +125,7 @@ def estimate_line(config: SweepConfig, todo: list[Run], table: Path, device: str
 
     import torch
 
-    from linrnn.models.config import model_config
     from linrnn.training import job
-    from linrnn.training.sweep import read_table
 
     kind = "cuda" if (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda") else "cpu"
     settings = config.settings_hash()
@@ -141,11 +139,7 @@ def estimate_line(config: SweepConfig, todo: list[Run], table: Path, device: str
             seconds += config.tokens_per_run / statistics.median(measured[run.cell, run.width])
             bases.add("the table's runs on this device")
             continue
-        model = model_config(  # the model linrnn.training.sweep trains at this width (its model_spec)
-            run.cell, "byte-tiny", vocab_size=config.vocab_size, hidden_size=run.width, num_layers=config.num_layers,
-            num_heads=config.heads(run.width), intermediate_size=4 * run.width,
-            tie_embeddings=not config.readout_zero_init,
-        )  # fmt: skip
+        model = model_spec(config, run).model_config()  # the model the sweep trains at this width
         guess = job.estimate(model, config.tokens_per_run, kind, config.seq_len)
         seconds += guess.seconds
         bases.add(guess.basis)

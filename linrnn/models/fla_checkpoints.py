@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from linrnn.errors import UsageError, one_line
 from linrnn.models.config import ModelConfig
+from linrnn.models.folders import read_json, safetensors_files
 from linrnn.models.lm import LanguageModel
 from linrnn.recurrences.registry import get_cell
 
@@ -274,41 +275,17 @@ def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     where = f"FLA checkpoint {folder}"
     if not (folder / "config.json").is_file():
         raise UsageError(f"{where}: expected a folder with config.json (save_pretrained's), found none")
-    fla_config = _read_json(folder / "config.json", where)
+    fla_config = read_json(folder / "config.json", where)
     if not isinstance(fla_config, dict):
         raise UsageError(f"{where}: config.json must hold an object, got {type(fla_config).__name__}")
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        contents = _read_json(index, where)
-        weight_map = contents.get("weight_map") if isinstance(contents, dict) else None
-        if not isinstance(weight_map, dict):
-            raise UsageError(f"{where}: {index.name} must hold a 'weight_map' object (tensor name → shard file)")
-        shards = sorted(set(map(str, weight_map.values())))
-    elif (folder / "model.safetensors").is_file():
-        shards = ["model.safetensors"]
-    elif any(folder.glob("*.bin")):
-        raise UsageError(
-            f"{where}: holds only pickled weights (*.bin); linrnn reads safetensors and does not unpickle files it "
-            "did not write (save the model with save_pretrained(..., safe_serialization=True))"
-        )
-    else:
-        raise UsageError(f"{where}: expected model.safetensors or model.safetensors.index.json, found neither")
+    shards = safetensors_files(folder, where)
     weights: dict[str, Tensor] = {}
     for shard in shards:
-        if not (folder / shard).is_file():
-            raise UsageError(f"{where}: the index names shard {shard!r}, which is not in the folder")
         try:
-            weights |= load_file(folder / shard)
+            weights |= load_file(shard)
         except Exception as error:  # safetensors' own error type for bad headers, truncated files, ...
-            raise UsageError(f"{where}: {shard} is not a readable safetensors file ({one_line(error)})") from error
+            raise UsageError(f"{where}: {shard.name} is not a readable safetensors file ({one_line(error)})") from error
     return fla_config, weights
-
-
-def _read_json(path: Path, where: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UsageError(f"{where}: {path.name} is not JSON ({error})") from error
 
 
 def _few(names: list[str]) -> str:

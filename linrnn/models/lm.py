@@ -17,6 +17,7 @@ from linrnn.errors import UsageError, one_line
 from linrnn.kernels.fused import rms_norm, swiglu
 from linrnn.kernels.validation import describe
 from linrnn.models.config import ModelConfig, model_config
+from linrnn.models.folders import read_json, safetensors_files
 from linrnn.recurrences.base import Documents, MixerState, ShortConv
 from linrnn.recurrences.registry import build_mixer
 
@@ -324,34 +325,12 @@ class LanguageModel(nn.Module):
             raise UsageError(
                 f"{caller}: argument 'folder': expected {expected}, got {folder}, which has no config.json"
             )
-        try:
-            config_json = json.loads(config_file.read_text())
-        except (ValueError, UnicodeDecodeError) as error:
-            raise UsageError(f"{caller}: {config_file} is not JSON ({one_line(error)})") from error
+        config_json = read_json(config_file, f"{caller}: {folder}")
         model_type = config_json.get("model_type") if isinstance(config_json, dict) else None
         if model_type != "linrnn":
             fla = " (an FLA Gated DeltaNet folder: linrnn.from_fla reads it)" if model_type == "gated_deltanet" else ""
             raise UsageError(f"{caller}: {config_file}: expected model_type 'linrnn', got {model_type!r}{fla}")
-        if (folder / "model.safetensors").is_file():
-            return config_json, [folder / "model.safetensors"]
-        index = folder / "model.safetensors.index.json"
-        if index.is_file():  # shards (transformers' save_pretrained of a large model)
-            try:
-                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (ValueError, KeyError, TypeError, AttributeError) as error:
-                raise UsageError(f"{caller}: {index} is not a safetensors index ({one_line(error)})") from error
-            bad = [name for name in shards if Path(name).name != name or not name.endswith(".safetensors")
-                   or not (folder / name).is_file()]  # fmt: skip
-            if bad:
-                raise UsageError(f"{caller}: {index} names {bad[0]!r}, expected safetensors files in {folder}")
-            return config_json, [folder / name for name in shards]
-        pickles = sorted(path.name for path in folder.iterdir()
-                         if path.suffix in (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"))  # fmt: skip
-        if pickles:
-            raise UsageError(f"{caller}: {folder} holds its weights as pickles ({pickles[0]}), which linrnn never "
-                             f"reads; expected model.safetensors (save_pretrained writes it)")  # fmt: skip
-        raise UsageError(f"{caller}: argument 'folder': expected {expected}, got {folder}, which has no "
-                         f"model.safetensors")  # fmt: skip
+        return config_json, safetensors_files(folder, f"{caller}: {folder}")
 
     def _tokenizer_files(self, tokenizer: Any) -> tuple[dict[str, str], dict[str, int]]:
         """The tokenizer's files for the folder (tokenizer.json; tokenizer_config.json naming the class transformers'
