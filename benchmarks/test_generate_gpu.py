@@ -16,10 +16,11 @@ decode step, decode tokens/s, prefill seconds, peak GiB, and the bytes of decode
 short-conv histories and fp32 recurrent states; the Llama: the bf16 KV cache at the prompt length and at 32k). A
 setting whose KV cache cannot fit on the card is skipped for the Llama.
 
-``test_generate_function``: ``linrnn.generate()`` (an ``Engine`` built, and on CUDA its graph captured, in every
-call) against one ``Engine`` kept across calls and the former token-by-token loop (tests/models/reference_generate.py),
-Gated DeltaNet, greedy, at the settings of ``GENERATE_API_SETTINGS`` (default ``1x512x128,32x512x128``): each round
-times a call for 1 new token and one for ``new``; the prefill is the first, the decode the difference.
+``test_generate_function``: ``linrnn.generate()`` (which keeps the ``Engine`` it builds, and on CUDA its captured
+graph, with the model for the next call of the same batch size) against an ``Engine`` the caller keeps and the
+former token-by-token loop (tests/models/reference_generate.py), Gated DeltaNet, greedy, at the settings of
+``GENERATE_API_SETTINGS`` (default ``1x512x128,32x512x128``): each round times a call for 1 new token and one for
+``new``; the prefill is the first, the decode the difference.
 
 CPU dry run (tiny models, linrnn only)::
 

@@ -18,7 +18,7 @@ Each case runs ``linrnn.ops.<cell>(..., backend=<--backend>)`` in bf16 (q, k, v,
 log_gamma and initial state (inputs from tests.helpers.make_inputs: unit k and a, g = logsigmoid(N(0,1) + 2),
 beta ~ U(0, 2)), and the same op with ``backend="reference"`` (the sequential loop) on the same
 values in fp64 on the same device. Loss ``<o, do> + <S_T, dS>`` (do rounded to o's dtype, so both runs see
-the same cotangent); compared: o, the final state and the gradient of every input (q, k, v, g, beta, a,
+the same cotangent); compared: o, the final state and the gradient of every input (q, k, v, g, beta, a, b,
 log_gamma, initial_state as the cell has them), each by ``‖actual − ref‖ / ‖ref‖`` against 1e-2 (bf16) or
 1e-4 (fp32); anything non-finite fails. Unwritten outputs show up as NaN: with the Triton backend every buffer
 from ``linrnn.kernels.triton.chunk.new_output`` starts as NaN, and on CUDA the caching allocator is filled with

@@ -8,6 +8,7 @@
 # machine Triton compiles every kernel first, so the groups run as parallel processes (CPU-bound compiles) with
 # verbose logs: a group cut by its timeout still shows which tests passed. Carry .whl (and .triton_cache.tgz when
 # there is one).
+# VERIFY_GROUPS="new_cells inference ..." runs only the groups named (default: all below).
 # Writes $OUT/<group>.log, $OUT/check.log and $OUT/triton_cache.tgz.
 set -uo pipefail
 source experiments/device_env.sh  # wheels, PYTHONPATH, Triton cache, $out
@@ -18,9 +19,11 @@ if [ -n "${VERIFY_CHUNK_CHECK:-}" ]; then  # e.g. VERIFY_CHUNK_CHECK="--cells ga
     --max-seconds $((seconds - 90)) > "$out/check.log" 2>&1 &
 fi
 pytest=(python3 -m pytest -o addopts= -v -rfE --tb=short -p no:cacheprovider -p no:warnings)
+groups="${VERIFY_GROUPS:-short_conv fused fused_recurrent inference compile packed fla_checkpoints new_cells}"
 group() {  # group NAME PYTEST-ARGS...: one pytest process in the background, its log in $OUT/NAME.log
   local name="$1"
   shift
+  [[ " $groups " == *" $name "* ]] || return 0
   timeout -k 10 "$seconds" "${pytest[@]}" "$@" > "$out/$name.log" 2>&1 &
 }
 group short_conv tests/kernels/test_short_conv.py
@@ -28,6 +31,7 @@ group fused tests/kernels/test_fused.py tests/models/test_loss.py::test_triton_r
 group fused_recurrent tests/kernels/test_triton_fused_recurrent.py
 group inference tests/models/test_inference.py
 group compile -m gpu tests/models/test_compile.py
+group compile_new -m gpu tests/models/test_compile.py -k "gdn2 or mamba2"  # in "compile" too: for a short call
 group packed -m gpu tests/models/test_packed_documents.py
 group fla_checkpoints -rs tests/models/test_fla_checkpoints.py  # against FLA's model (its wheels carried)
 # the newest cells and structures through the Triton kernels against fp64 (GDN-2's gated erase, Mamba-2), and the
@@ -35,7 +39,7 @@ group fla_checkpoints -rs tests/models/test_fla_checkpoints.py  # against FLA's 
 group new_cells tests/kernels/test_cuda.py tests/kernels/test_triton_chunk.py tests/recurrences/test_new_cells.py \
   tests/models/test_engine_hybrid.py tests/models/test_hybrid.py -k "gdn2 or mamba2 or erase_gate or hybrid or cuda_graph"
 wait
-for name in short_conv fused fused_recurrent inference compile packed fla_checkpoints new_cells; do
+for name in $groups; do
   echo "== $name: $(tail -1 "$out/$name.log")"
   grep -E "^(FAILED|ERROR)" "$out/$name.log"
 done
