@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     tasks = [(cell, setting, False) for cell in CELLS for setting in SETTINGS] + [("gammanet", "gdn-mup adamw", True)]
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(check, *zip(*tasks)))
+        rows = list(pool.map(check, *zip(*tasks, strict=True)))
     with open(args.json, "w") as file:
         json.dump(rows, file, indent=1)
     print("| cell | " + " | ".join(SETTINGS) + " |\n|---|" + "---|" * len(SETTINGS))

@@ -8,7 +8,7 @@
 # machine Triton compiles every kernel first, so the groups run as parallel processes (CPU-bound compiles) with
 # verbose logs: a group cut by its timeout still shows which tests passed. Carry .whl (and .triton_cache.tgz when
 # there is one).
-# VERIFY_GROUPS="new_cells inference ..." runs only the groups named (default: all below).
+# VERIFY_GROUPS="new_kernels inference ..." runs only the groups named (default: all below).
 # Writes $OUT/<group>.log, $OUT/check.log and $OUT/triton_cache.tgz.
 set -uo pipefail
 source experiments/device_env.sh  # wheels, PYTHONPATH, Triton cache, $out
@@ -19,7 +19,7 @@ if [ -n "${VERIFY_CHUNK_CHECK:-}" ]; then  # e.g. VERIFY_CHUNK_CHECK="--cells ga
     --max-seconds $((seconds - 90)) > "$out/check.log" 2>&1 &
 fi
 pytest=(python3 -m pytest -o addopts= -v -rfE --tb=short -p no:cacheprovider -p no:warnings)
-groups="${VERIFY_GROUPS:-short_conv fused fused_recurrent inference compile packed fla_checkpoints new_cells}"
+groups="${VERIFY_GROUPS:-short_conv fused fused_recurrent inference compile packed fla_checkpoints new_kernels new_models}"
 group() {  # group NAME PYTEST-ARGS...: one pytest process in the background, its log in $OUT/NAME.log
   local name="$1"
   shift
@@ -35,9 +35,10 @@ group compile_new -m gpu tests/models/test_compile.py -k "gdn2 or mamba2"  # in 
 group packed -m gpu tests/models/test_packed_documents.py
 group fla_checkpoints -rs tests/models/test_fla_checkpoints.py  # against FLA's model (its wheels carried)
 # the newest cells and structures through the Triton kernels against fp64 (GDN-2's gated erase, Mamba-2), and the
-# hybrids' engine with CUDA graphs
-group new_cells tests/kernels/test_cuda.py tests/kernels/test_triton_chunk.py tests/recurrences/test_new_cells.py \
-  tests/models/test_engine_hybrid.py tests/models/test_hybrid.py -k "gdn2 or mamba2 or erase_gate or hybrid or cuda_graph"
+# models of the new cells and hybrids (the engine with CUDA graphs); two processes, for the compiles
+group new_kernels tests/kernels/test_cuda.py tests/kernels/test_triton_chunk.py -k "gdn2 or mamba2 or erase_gate"
+group new_models tests/recurrences/test_new_cells.py tests/models/test_engine_hybrid.py tests/models/test_hybrid.py \
+  tests/kernels/test_cuda.py -k "gdn2 or mamba2 or hybrid or cuda_graph or model_decode"
 wait
 for name in $groups; do
   echo "== $name: $(tail -1 "$out/$name.log")"

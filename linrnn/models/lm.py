@@ -84,7 +84,14 @@ class LanguageModel(nn.Module):
     short-conv history restart from zero, through the ops' varlen path on the rows folded into one sequence. With
     ``return_state=True`` each layer's state then has one row per document (in order): the state after it, from
     which that document's decoding goes on (``linrnn.Engine`` prefills several prompts this way).
+
+    ``context_group`` (None, or a process group; set by the trainer): context parallelism. Each rank's rows are its
+    slices of longer rows split along time over the group's ranks in rank order, and ``positions`` are the tokens'
+    positions in their documents within the whole rows; recurrent states and short-conv inputs pass between the
+    ranks (``linrnn.kernels.context_parallel``). Training forward passes only; recurrent layers only.
     """
+
+    context_group = None  # a torch.distributed ProcessGroup under context parallelism
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -174,7 +181,10 @@ class LanguageModel(nn.Module):
             )
         documents = None
         if positions is not None:
-            documents = self._documents(input_ids, positions, state, return_state)
+            documents = self._documents(input_ids, positions, state, return_state, self.context_group)
+        elif self.context_group is not None:
+            raise ValueError("LanguageModel: context parallelism needs 'positions' (each token's position in its "
+                             "document within the whole row), got None")  # fmt: skip
         x = self.embed(input_ids)
         if documents is not None:
             x = x.reshape(1, -1, x.shape[-1])  # [1, B·T, D]: rows fold into one packed sequence
@@ -189,7 +199,7 @@ class LanguageModel(nn.Module):
         return self.norm(x).reshape(*input_ids.shape, -1), new_state
 
     @staticmethod
-    def _documents(input_ids: Tensor, positions: Tensor, state, return_state: bool) -> Documents:
+    def _documents(input_ids: Tensor, positions: Tensor, state, return_state: bool, context_group=None) -> Documents:
         if not isinstance(positions, Tensor) or positions.shape != input_ids.shape or positions.is_floating_point():
             raise ValueError(
                 f"LanguageModel: argument 'positions' must be an integer tensor of input_ids' shape "
@@ -200,7 +210,7 @@ class LanguageModel(nn.Module):
                 "LanguageModel: packed documents ('positions') start from a zero state; 'state' (carried decoding "
                 "state) cannot be combined with them"
             )
-        return Documents.from_positions(positions)
+        return Documents.from_positions(positions, context_group)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())

@@ -77,6 +77,11 @@ class Attention(nn.Module):
             )
         q, k, v = (rearrange(proj(x), "b t (h d) -> b t h d", h=self.num_heads)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))  # fmt: skip
+        if documents is not None and documents.shard is not None:
+            raise ValueError(
+                "context parallelism: softmax attention layers cannot split a sequence over ranks yet "
+                "(recurrent layers only); train this model without --parallelism.context_parallel_degree"
+            )
         if documents is not None:
             if state is not None:
                 raise ValueError(

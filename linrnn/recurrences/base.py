@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from einops import rearrange
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
+from linrnn.kernels.context_parallel import Shard, chained_recurrence, convolve_with_halo
 from linrnn.kernels.fused import gated_rms_norm, l2_normalize
 from linrnn.kernels.short_conv import short_conv, short_conv_step
 
@@ -106,25 +108,32 @@ class MixerState:
 @dataclass
 class Documents:
     """Packed documents on one folded sequence ``[1, N]`` (N = B · T): recurrent state and short-conv history
-    start from zero at each document start. Built by ``from_positions``."""
+    start from zero at each document start. Built by ``from_positions``. Under context parallelism (``shard``) the
+    rows are this rank's slices of longer rows: a row's first document may have begun on an earlier rank
+    (``linrnn.kernels.context_parallel``)."""
 
     cu_seqlens: Tensor  # [D + 1] int64 document boundaries on the CPU: read once here, no device sync per layer
     offset: Tensor  # [N] index of each token within its document, on the tokens' device
     positions: Tensor  # [N] the caller's positions (RoPE)
+    shard: Shard | None = None
 
     _eager_build = None  # _build wrapped by torch.compiler.disable, on first use (it imports torch._dynamo, ~1 s)
 
     @classmethod
-    def from_positions(cls, positions: Tensor) -> Documents:
+    def from_positions(cls, positions: Tensor, context_group: dist.ProcessGroup | None = None) -> Documents:
         """``positions`` ``[B, T]``: a document starts wherever the position is 0, and at every row start. Costs one
         device sync (the boundaries come to the host). Under torch.compile it runs eagerly, outside the graph: the
-        number of documents depends on the data."""
+        number of documents depends on the data. ``context_group``: the rows are this rank's slices of rows split
+        along time over that group's ranks, in rank order (a row start with a position above 0 continues a
+        document from the previous rank)."""
         if Documents._eager_build is None:
             Documents._eager_build = torch.compiler.disable(Documents._build)
-        return Documents._eager_build(positions)
+        return Documents._eager_build(positions, context_group)
 
     @staticmethod
-    def _build(positions: Tensor) -> Documents:
+    def _build(positions: Tensor, context_group: dist.ProcessGroup | None = None) -> Documents:
+        rows, length = positions.shape
+        continued = positions[:, 0].cpu() != 0
         starts = positions == 0
         starts[:, 0] = True
         starts = starts.flatten()
@@ -132,7 +141,27 @@ class Documents:
         offset = index - torch.where(starts, index, 0).cummax(0).values  # distance to the last start at or before
         start_index = starts.cpu().nonzero().squeeze(1)  # [D] on the host
         cu_seqlens = torch.cat([start_index, torch.tensor([starts.numel()])])
-        return Documents(cu_seqlens=cu_seqlens, offset=offset, positions=positions.flatten())
+        documents = Documents(cu_seqlens=cu_seqlens, offset=offset, positions=positions.flatten())
+        if context_group is None:
+            return documents
+        rank, size = dist.get_rank(context_group), dist.get_world_size(context_group)
+        if rank == 0 and continued.any():
+            raise ValueError(
+                f"context parallelism: rank 0 holds the start of every row, so its positions must be 0 at each row "
+                f"start; got {positions[:, 0].tolist()}"
+            )
+        row_starts = torch.arange(rows + 1) * length
+        documents.shard = Shard(
+            group=context_group,
+            rank=rank,
+            size=size,
+            rows=rows,
+            continued=continued,
+            first_document=torch.searchsorted(start_index, row_starts[:-1]),
+            last_document=torch.searchsorted(start_index, row_starts[1:]) - 1,
+            offset=positions.flatten(),
+        )
+        return documents
 
 
 class ShortConv(nn.Module):
@@ -160,6 +189,9 @@ def causal_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, docume
     ``in_place`` (decoding): the new last inputs are written into ``history``, which is returned; one token takes
     ``short_conv_step``."""
     keep = weight.shape[-1] - 1
+    if documents is not None and documents.shard is not None:  # context parallelism: the previous rank's inputs first
+        conv = lambda inputs, offset: short_conv(inputs, weight, None, offset, backend)  # noqa: E731
+        return convolve_with_halo(conv, x, documents.shard, keep), None
     if documents is not None:
         return short_conv(x, weight, None, documents.offset, backend), None
     if in_place and x.shape[1] == 1 and keep > 0 and history.dtype == x.dtype and history.is_contiguous():
@@ -450,19 +482,27 @@ class LinearRNNMixer(nn.Module):
         if self.gate_stats is not None:  # training metrics; tensors, so reading them is the only sync
             self.gate_stats.update({"beta": gates["beta"].detach().mean()} if "beta" in gates else {})
             self.gate_stats.update({"decay": gates["g"].detach().exp().mean()} if "g" in gates else {})
-        o, recurrent = self.spec.op(
-            q,
-            k,
-            v,
-            **gates,
-            scale=self.scale,
-            initial_state=state.recurrent if state is not None else None,
-            output_final_state=output_state or self.probes is not None,
-            cu_seqlens=None if documents is None else documents.cu_seqlens,
-            backend=self.config.backend,
-            chunk_size=self.config.chunk_size,
-            update_state_in_place=in_place,
-        )
+        if documents is not None and documents.shard is not None:  # context parallelism
+            if output_state or self.probes is not None:
+                raise ValueError("context parallelism: a layer's state cannot be returned or probed (training only)")
+            o = chained_recurrence(self.spec.op, q, k, v, gates, documents.shard, documents.cu_seqlens,
+                                   scale=self.scale, backend=self.config.backend,
+                                   chunk_size=self.config.chunk_size)  # fmt: skip
+            recurrent = None
+        else:
+            o, recurrent = self.spec.op(
+                q,
+                k,
+                v,
+                **gates,
+                scale=self.scale,
+                initial_state=state.recurrent if state is not None else None,
+                output_final_state=output_state or self.probes is not None,
+                cu_seqlens=None if documents is None else documents.cu_seqlens,
+                backend=self.config.backend,
+                chunk_size=self.config.chunk_size,
+                update_state_in_place=in_place,
+            )
         o = self.combine(o, v)
         gate = rearrange(projected["g"], "b t (h d) -> b t h d", h=self.num_heads)
         if self.config.output_multiplier != 1:

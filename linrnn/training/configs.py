@@ -29,10 +29,8 @@ from typing import Any
 import torch
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.optimizer import LRSchedulersContainer
-from torchtitan.components.validate import Validator
 from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig
 from torchtitan.protocols.model_spec import ModelSpec
-from torchtitan.trainer import Trainer
 
 from linrnn.recurrences.registry import canonical_name
 from linrnn.training import data
@@ -54,6 +52,7 @@ from linrnn.training.names import (  # noqa: F401  (re-exported: the names are p
 )
 from linrnn.training.optim import ParametrizedOptimizers
 from linrnn.training.state_dict_adapter import LinrnnStateDictAdapter
+from linrnn.training.trainer import LinrnnTrainer, LinrnnValidator
 
 
 def build(
@@ -65,7 +64,7 @@ def build(
     readout_zero_init: bool = False,
     overrides: dict[str, Any] | None = None,
     base_width: int | None = None,
-) -> Trainer.Config:
+) -> LinrnnTrainer.Config:
     """The Trainer config of one named run (cell and parametrization as registry names, or a hybrid's name from
     ``names.HYBRIDS``; sizes above, an unknown one a ``UsageError`` naming them)."""
     size = canonical_training_size(size)
@@ -85,7 +84,7 @@ def build(
         optimizer="adamw" if optimizer == "AdamW" else "sgd",
         readout_zero_init=readout_zero_init,
     )
-    return Trainer.Config(
+    return LinrnnTrainer.Config(
         model_spec=ModelSpec(
             name="linrnn",
             flavor=name,
@@ -112,9 +111,10 @@ def build(
             mixed_precision_param="bfloat16" if on_gpu else "float32",
             disable_cuda_graphs=True,
         ),
-        parallelism=ParallelismConfig(spmd_backend="partial_dtensor"),
+        # context parallelism splits rows contiguously (linrnn.training.trainer): no load balancer
+        parallelism=ParallelismConfig(spmd_backend="partial_dtensor", context_parallel_load_balancer=None),
         dataloader=WindowDataLoader.Config(dataset="shakespeare"),
-        validator=Validator.Config(
+        validator=LinrnnValidator.Config(
             enable=True,
             freq=spec.checkpoint_interval,
             steps=-1,  # the whole held-out set
@@ -131,7 +131,7 @@ def build(
 
 @functools.cache  # one function per name: looking it up twice gives the same function
 def _named(cell: str, size: str, param: str):
-    def config() -> Trainer.Config:
+    def config() -> LinrnnTrainer.Config:
         return build(cells()[cell], size, PARAMETRIZATIONS[param])
 
     config.__name__ = f"{cell}_{size}_{param}"

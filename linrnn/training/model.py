@@ -19,7 +19,7 @@ from torchtitan.protocols import BaseModel
 from linrnn import parametrizations
 from linrnn.models import LanguageModel
 from linrnn.models.config import ModelConfig, model_config
-from linrnn.recurrences.base import LinearRNNMixer
+from linrnn.recurrences.base import LinearRNNMixer, ShortConv
 
 
 class TitanLanguageModel(BaseModel):
@@ -155,6 +155,29 @@ def flops_per_token(config: ModelConfig, chunk_size: int = 64, seq_len: int | No
     return int(6 * matrices + 6 * mixing)
 
 
+def check_context_parallel(model: LanguageModel, degree: int, seq_len: int, parallelism) -> None:
+    """A ``ValueError`` naming the setting when the model or the run cannot be split along time over ``degree``
+    ranks (``linrnn.kernels.context_parallel``)."""
+    attention = [i for i, cell in enumerate(model.config.layer_cells) if cell == "attention"]
+    if attention:
+        raise ValueError(
+            f"parallelism.context_parallel_degree {degree}: softmax attention layers (layers {attention}) cannot "
+            f"split a sequence over ranks yet; context parallelism takes models of recurrent layers only"
+        )
+    if parallelism.context_parallel_load_balancer is not None:
+        raise ValueError(
+            f"parallelism.context_parallel_load_balancer must be None for linrnn models (their rows are split into "
+            f"contiguous slices: a recurrence reads its tokens in order), got "
+            f"{parallelism.context_parallel_load_balancer!r}"
+        )
+    halo = max((module.kernel_size - 1 for module in model.modules() if isinstance(module, ShortConv)), default=0)
+    if seq_len % degree or seq_len // degree < max(halo, 1):
+        raise ValueError(
+            f"training.seq_len ({seq_len}) must be a multiple of parallelism.context_parallel_degree ({degree}) "
+            f"with slices of at least {max(halo, 1)} tokens (the short convolution's history)"
+        )
+
+
 def parallelize(
     model: TitanLanguageModel, *, parallel_dims, training, parallelism, compile_config, ac_config, dump_folder
 ) -> TitanLanguageModel:
@@ -172,14 +195,17 @@ def parallelize(
         for name, degree in (
             ("tensor", parallelism.tensor_parallel_degree),
             ("pipeline", parallelism.pipeline_parallel_degree),
-            ("context", parallelism.context_parallel_degree),
         )
         if degree > 1
     ]
     if unsupported:
         raise ValueError(
-            f"linrnn models support data parallelism (FSDP) only; got {', '.join(unsupported)} parallelism degree > 1"
+            f"linrnn models support data parallelism (FSDP) and context parallelism only; got "
+            f"{', '.join(unsupported)} parallelism degree > 1"
         )
+    if parallelism.context_parallel_degree > 1:
+        check_context_parallel(model.model, parallelism.context_parallel_degree, training.seq_len, parallelism)
+        model.model.context_group = parallel_dims.get_mesh("cp").get_group()
     if compile_config.enable and "model" in compile_config.components:
         for block in model.model.layers:
             block.compile(backend=compile_config.backend)  # in place: parameter names stay

@@ -221,8 +221,8 @@ def test_generate_until_on_an_attention_model(setup, tmp_path):
             ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
     full = tokens.decode(ids[len(tokens.encode(context)) + 1 :])
     stop = full[2:4]
-    request = lm_eval.api.instance.Instance("generate_until", {}, (context, {"until": [stop], "max_gen_toks": NEW_TOKENS,
-                                                                             "do_sample": False}), 0)  # fmt: skip
+    options = {"until": [stop], "max_gen_toks": NEW_TOKENS, "do_sample": False}
+    request = lm_eval.api.instance.Instance("generate_until", {}, (context, options), 0)
     assert lm.generate_until([request], disable_tqdm=True) == [full.split(stop, 1)[0]]
 
 

@@ -65,7 +65,8 @@ def ssd_loop(C, B, x, dt, A, initial_state=None):
     h = torch.zeros(batch, heads, size, x.shape[-1], dtype=x.dtype) if initial_state is None else initial_state
     ys = []
     for t in range(steps):
-        h = torch.exp(dt[:, t] * A)[..., None, None] * h + dt[:, t, :, None, None] * B[:, t, ..., None] * x[:, t, :, None]
+        decay = torch.exp(dt[:, t] * A)[..., None, None]
+        h = decay * h + dt[:, t, :, None, None] * B[:, t, ..., None] * x[:, t, :, None]
         ys.append(torch.einsum("bhn,bhnp->bhp", C[:, t], h))
     return torch.stack(ys, dim=1), h
 

@@ -18,7 +18,8 @@ def test_list_and_aliases():
 
 def test_unknown_cell_lists_known():
     with pytest.raises(
-        ValueError, match=r"unknown cell 'mamba'; known cells: deltanet, gammanet, gated_deltanet, gdn2, gla, kda, mamba2, gdn"
+        ValueError,
+        match=r"unknown cell 'mamba'; known cells: deltanet, gammanet, gated_deltanet, gdn2, gla, kda, mamba2, gdn",
     ):
         linrnn.get_cell("mamba")
     with pytest.raises(ValueError, match="unknown cell 'mamba'"):

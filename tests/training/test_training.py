@@ -61,6 +61,23 @@ def test_two_process_gloo_run(corpus, tmp_path, config):
     assert any(key.startswith("gates/layer0/beta") for r in records for key in r)
 
 
+def test_context_parallel_run_equals_one_process(corpus, tmp_path):
+    """``--parallelism.context_parallel_degree 2`` on two processes: each holds half of every row (documents cross
+    the boundary), and the training and validation losses are those of one process on the same batches (fp32).
+    (Gradient norms differ by ~5e-5 relative from one process's, equal to those of two data-parallel FSDP
+    processes on the same batches, which differ from one process's by as much.)"""
+    common = ["--training.steps", "3", "--checkpoint.no-enable", "--validator.freq", "3", "--validator.steps", "2"]
+    one = train(tmp_path, "gdn_tiny_sp", *common, run="one")
+    split = train(tmp_path, "gdn_tiny_sp", *common, "--parallelism.context_parallel_degree", "2", processes=2,
+                  run="split")  # fmt: skip
+    for key in ("loss", "validation_loss"):
+        expected = {r["step"]: r[key] for r in one if key in r}
+        actual = {r["step"]: r[key] for r in split if key in r}
+        assert sorted(actual) == sorted(expected) and expected, key
+        for step, value in expected.items():
+            assert actual[step] == pytest.approx(value, rel=1e-4), (key, step)
+
+
 def _bytes_per_token(corpus: Path) -> float:
     return json.loads((corpus / "shakespeare" / "stats.json").read_text())["tokenizers"]["4096"]["bytes_per_token"]
 
