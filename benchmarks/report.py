@@ -13,7 +13,7 @@ def main(path: str) -> None:
     runs = json.load(open(path))
     medians = defaultdict(dict)  # (cell, batch) -> {impl: seconds}
     prefill = defaultdict(dict)  # (cell, steps) -> {impl: seconds}
-    chunk, model, generate, pairs, short_conv = [], [], [], [], []
+    chunk, model, generate, pairs, short_conv, agreement = [], [], [], [], [], []
     for bench in runs["benchmarks"]:
         info = bench["extra_info"]
         if info.get("kind") == "model":
@@ -26,6 +26,8 @@ def main(path: str) -> None:
             chunk.append(dict(info, median=bench["stats"]["median"]))
         elif info.get("kind") == "short_conv":
             short_conv.append(dict(info, median=bench["stats"]["median"]))
+        elif info.get("kind") == "state_agreement":
+            agreement.append(info)
         elif info.get("kind") == "prefill":
             prefill[(info["cell"], info["steps"])][info["impl"]] = bench["stats"]["median"]
         else:
@@ -43,6 +45,12 @@ def main(path: str) -> None:
         generate_table(generate)
     if short_conv:
         short_conv_table(short_conv)
+    for info in agreement:
+        print(
+            f"\n{info['model']}, bf16 state against fp32, {info['batch']} prompts of {info['prompt']} tokens, "
+            f"{info['new']} greedy tokens each: {info['equal_fraction']:.1%} of tokens equal; first difference "
+            f"per row at {info['first_difference']}"
+        )
     if not medians:
         return
     print("| cell | batch | linrnn (µs) | linrnn torch path (µs) | FLA (µs) | linrnn / FLA | linrnn tokens/s |")

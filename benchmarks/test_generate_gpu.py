@@ -16,6 +16,9 @@ decode step, decode tokens/s, prefill seconds, peak GiB, and the bytes of decode
 short-conv histories and fp32 recurrent states; the Llama: the bf16 KV cache at the prompt length and at 32k). A
 setting whose KV cache cannot fit on the card is skipped for the Llama.
 
+Models ``linrnn_<cell>_bf16state`` decode with ``Engine(state_dtype=torch.bfloat16)``; ``test_bf16_state_agreement``
+compares their greedy tokens with the fp32 state's (``GENERATE_STATE_AGREEMENT``).
+
 ``test_generate_function``: ``linrnn.generate()`` (which keeps the ``Engine`` it builds, and on CUDA its captured
 graph, with the model for the next call of the same batch size) against an ``Engine`` the caller keeps and the
 former token-by-token loop (tests/models/reference_generate.py), Gated DeltaNet, greedy, at the settings of
@@ -71,7 +74,8 @@ def build(name: str, batch: int, prompt: int):
             model = linrnn.build_model(CELLS[cell[0]], vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=LAYERS,
                                        num_heads=HEADS, intermediate_size=MLP)  # fmt: skip
         model = model.to(DEVICE, dtype).eval()
-        engine = linrnn.Engine(model, slots=batch)
+        state_dtype = torch.bfloat16 if "bf16state" in cell else torch.float32
+        engine = linrnn.Engine(model, slots=batch, state_dtype=state_dtype)
         state_bytes = sum(t.numel() * t.element_size() for layer in engine.states
                           for t in [layer.recurrent, *layer.conv.values()]) // batch  # fmt: skip
 
@@ -166,6 +170,39 @@ def test_generate(benchmark, name, setting):
         ms_per_step=decode_s / (new - 1) * 1e3, decode_tokens_per_s=batch * (new - 1) / decode_s,
         peak_gib=torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None,
         device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", **info,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("cell", ["gdn"])
+def test_bf16_state_agreement(benchmark, cell):
+    """Greedy tokens of ``Engine(state_dtype=torch.bfloat16)`` against the fp32 state, 340M (random weights), bf16
+    weights, ``GENERATE_STATE_AGREEMENT`` = BxPxN (default 8 prompts of 512 tokens, 1024 new tokens each): the
+    fraction of equal tokens and where each row first differs."""
+    import linrnn
+
+    batch, prompt, new = map(int, os.environ.get("GENERATE_STATE_AGREEMENT", "8x512x1024").split("x"))
+    if time.time() > DEADLINE:
+        pytest.skip("GENERATE_BENCH_DEADLINE passed (a benchmark cut short writes no results at all)")
+    torch.manual_seed(0)
+    if DEVICE == "cuda":
+        model = linrnn.build_model(CELLS[cell], preset="340m")
+    else:
+        model = linrnn.build_model(CELLS[cell], vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=LAYERS,
+                                   num_heads=HEADS, intermediate_size=MLP)  # fmt: skip
+    model = model.to(DEVICE, torch.bfloat16 if DEVICE == "cuda" else torch.float32).eval()
+    ids = list(torch.randint(1, VOCAB, (batch, prompt), device=DEVICE))
+    greedy = linrnn.Sampling(max_new_tokens=new, temperature=0)
+    with torch.no_grad():
+        fp32 = [r.tokens for r in linrnn.Engine(model, slots=batch).generate(ids, greedy)]
+        engine = linrnn.Engine(model, slots=batch, state_dtype=torch.bfloat16)
+        bf16 = benchmark.pedantic(lambda: [r.tokens for r in engine.generate(ids, greedy)], rounds=1, iterations=1)
+    equal = sum(a == b for x, y in zip(fp32, bf16, strict=True) for a, b in zip(x, y, strict=True))
+    first = [next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), new)
+             for x, y in zip(fp32, bf16, strict=True)]  # fmt: skip
+    benchmark.extra_info.update(
+        kind="state_agreement", model=f"linrnn {cell}", batch=batch, prompt=prompt, new=new,
+        equal_fraction=equal / (batch * new), first_difference=first,
+        device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
     )  # fmt: skip
 
 

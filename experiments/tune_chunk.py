@@ -1,5 +1,6 @@
 """Per-kernel GPU timing of the Triton chunk ops under launch-setting variants, for choosing ``triton/chunk.py``'s
-settings per cell at the model's shapes (340M: H = 6, K = 128, V = 256, bf16).
+settings per cell at the model's shapes (340M: H = 6, K = 128, V = 256, bf16) or others (``--shapes 8x4096x16x128x128``:
+B×T×H×K×V).
 
 Each variant runs in its own process (a setting that crashes a kernel takes only its own row): forward+backward
 through autograd, as a model uses the ops (kept states), per cell and shape: the median of
@@ -10,7 +11,8 @@ one.
 
 A variant is a JSON object: ``warps`` ``{kernel: n}`` (``"*"``: every kernel), ``stages`` (``STAGES_16BIT``),
 ``kernel_stages`` (``KERNEL_STAGES_16BIT``), ``local_first`` (``STATE_BWD_LOCAL_FIRST``), ``min_programs``
-(``STATE_MIN_PROGRAMS``), ``keep_intra`` (``library.KEEP_INTRA``). Run on the device with the carried wheels on
+(``STATE_MIN_PROGRAMS``), ``keep_intra`` (``library.KEEP_INTRA``), ``state_block_v`` (``STATE_BLOCK_V`` entries,
+e.g. ``{"128": 128}``), ``fused_block_v`` (``FUSED_BLOCK_V``). Run on the device with the carried wheels on
 PYTHONPATH::
 
     python3 experiments/tune_chunk.py --cells gammanet kda --shapes 4x4096 1x16384 > $OUT/tune.jsonl
@@ -43,7 +45,13 @@ DEFAULT_VARIANTS = [
     {"min_programs": 64},
     {"min_programs": 256},
 ]
-HEADS, KEY_DIM, VALUE_DIM = 6, 128, 256
+HEADS, KEY_DIM, VALUE_DIM = 6, 128, 256  # a shape "BxT" is the 340M model's heads; "BxTxHxKxV" names them
+
+
+def parse_shape(shape: str) -> tuple[int, int, int, int, int]:
+    """(batch, steps, heads, key width, value width) of "BxT" or "BxTxHxKxV"."""
+    sizes = [int(x) for x in shape.split("x")]
+    return (*sizes, HEADS, KEY_DIM, VALUE_DIM) if len(sizes) == 2 else tuple(sizes)
 
 
 def apply(variant: dict) -> None:
@@ -64,9 +72,13 @@ def apply(variant: dict) -> None:
         chunk.STATE_MIN_PROGRAMS = variant["min_programs"]
     if "keep_intra" in variant:
         library.KEEP_INTRA = variant["keep_intra"]
+    if "state_block_v" in variant:  # {key width: value columns per state-pass program}
+        chunk.STATE_BLOCK_V.update({int(width): block for width, block in variant["state_block_v"].items()})
+    if "fused_block_v" in variant:
+        chunk.FUSED_BLOCK_V = variant["fused_block_v"]
 
 
-def inputs(cell: str, batch: int, steps: int):
+def inputs(cell: str, batch: int, steps: int, heads: int, key_dim: int, value_dim: int):
     import torch
     import torch.nn.functional as F
 
@@ -75,18 +87,18 @@ def inputs(cell: str, batch: int, steps: int):
     def randn(*shape):
         return torch.randn(*shape, device="cuda", generator=generator)
 
-    shape = (batch, steps, HEADS)
-    tensors = dict(q=randn(*shape, KEY_DIM).bfloat16(), k=F.normalize(randn(*shape, KEY_DIM), dim=-1).bfloat16(),
-                   v=randn(*shape, VALUE_DIM).bfloat16(), beta=randn(*shape).sigmoid(),
-                   g=F.logsigmoid(randn(*shape, KEY_DIM) + 3))  # fmt: skip
+    shape = (batch, steps, heads)
+    tensors = dict(q=randn(*shape, key_dim).bfloat16(), k=F.normalize(randn(*shape, key_dim), dim=-1).bfloat16(),
+                   v=randn(*shape, value_dim).bfloat16(), beta=randn(*shape).sigmoid(),
+                   g=F.logsigmoid(randn(*shape, key_dim) + 3))  # fmt: skip
     if cell == "gammanet":
-        tensors["a"] = F.normalize(randn(*shape, KEY_DIM), dim=-1).bfloat16()
-        tensors["log_gamma"] = 0.1 * randn(HEADS, KEY_DIM)
+        tensors["a"] = F.normalize(randn(*shape, key_dim), dim=-1).bfloat16()
+        tensors["log_gamma"] = 0.1 * randn(heads, key_dim)
     if cell == "gated_deltanet":
         tensors["g"] = F.logsigmoid(randn(*shape) + 3)
     for x in tensors.values():
         x.requires_grad_()
-    return tensors, randn(*shape, VALUE_DIM).bfloat16()
+    return tensors, randn(*shape, value_dim).bfloat16()
 
 
 def run_variant(variant: dict, cells: list[str], shapes: list[str], reference: str | None, warm_only: bool) -> None:
@@ -106,10 +118,10 @@ def run_variant(variant: dict, cells: list[str], shapes: list[str], reference: s
     results = {}
     for cell in cells:
         for shape in shapes:
-            batch, steps = (int(x) for x in shape.split("x"))
+            batch, steps, heads, key_dim, value_dim = parse_shape(shape)
             if warm_only:
                 batch, steps = 1, 128
-            tensors, d_out = inputs(cell, batch, steps)
+            tensors, d_out = inputs(cell, batch, steps, heads, key_dim, value_dim)
             leaves = list(tensors.values())
 
             def step(call=calls[cell], tensors=tensors, d_out=d_out):

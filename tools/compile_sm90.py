@@ -141,7 +141,7 @@ def chunk_cases(quick: bool):
 def model_cases():
     """A one-layer model of every cell on the Triton backend: loss forward + backward under bf16 autocast (the
     fused norms, SwiGLU, gates, short convolution, GammaNet's fold, the cross-entropy rows), packed documents,
-    and the decoding engine (the single-token kernels)."""
+    and the decoding engine (the single-token kernels; fp32 and bf16 states)."""
     import linrnn
     from linrnn.inference import Engine, Sampling
     from tests.helpers import CELLS
@@ -161,8 +161,9 @@ def model_cases():
         def decode(c=cell):
             torch.manual_seed(0)
             model = linrnn.build_model(c, preset="byte-tiny", num_layers=1, backend="triton")
-            engine = Engine(model, slots=2, cuda_graph=False)
-            engine.generate([torch.tensor([1, 2, 3, 4, 5]), torch.tensor([7, 8])], Sampling(max_new_tokens=3))
+            for state_dtype in Engine.STATE_DTYPES:  # the fused recurrent kernel storing fp32 and bf16 states
+                engine = Engine(model, slots=2, cuda_graph=False, state_dtype=state_dtype)
+                engine.generate([torch.tensor([1, 2, 3, 4, 5]), torch.tensor([7, 8])], Sampling(max_new_tokens=3))
 
         yield f"{cell} model step", train_step
         yield f"{cell} decoding engine", decode

@@ -120,9 +120,11 @@ def recurrence(
             at ``TRITON_CHUNK`` and the reference is sequential, so they refuse any other value.
         check_values: also check gate values (finite, g ≤ 0, beta and b in range); reads tensor contents,
             so it costs a device sync. Always on with backend="reference".
-        update_state_in_place: write the final state into ``initial_state`` (required: contiguous, fp32, fp64
-            for fp64 inputs, no autograd) and return it as the final state. Decoding engines keep one state buffer
-            per slot; the fused recurrent kernel then reads and writes it in one pass, without a second buffer.
+        update_state_in_place: write the final state into ``initial_state`` (required: contiguous, in the
+            compute dtype, fp32 or fp64 for fp64 inputs, or bf16: a decoding state kept in half precision,
+            computed in fp32 and rounded once per call; no autograd) and return it as the final state. Decoding
+            engines keep one state buffer per slot; the fused recurrent kernel then reads and writes it in one
+            pass, without a second buffer.
     """
     op = "linrnn.ops.recurrence"
     if not erase and (e is not None or erase_gate is not None):
@@ -261,8 +263,8 @@ def _check_state_buffer(op, state, dtype, tensors) -> None:
     """``update_state_in_place``: the initial state is the buffer the final state is written into."""
     if state is None:
         fail(op, "update_state_in_place=True needs argument 'initial_state' (the buffer to update), got None")
-    if state.dtype != dtype or not state.is_contiguous():
-        fail(op, f"update_state_in_place=True needs a contiguous {dtype} 'initial_state', got "
+    if state.dtype not in (dtype, torch.bfloat16) or not state.is_contiguous():
+        fail(op, f"update_state_in_place=True needs a contiguous {dtype} (or torch.bfloat16) 'initial_state', got "
                  f"{'a contiguous' if state.is_contiguous() else 'a non-contiguous'} {state.dtype} tensor")  # fmt: skip
     if _needs_grad((*tensors, state)):
         fail(op, "update_state_in_place=True is for inference: no input may require grad while autograd is on")

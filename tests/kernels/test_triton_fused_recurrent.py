@@ -111,6 +111,28 @@ def test_update_state_in_place(cell, backend, T):
     assert_close(buffer.cpu(), expected[1], 1e-5, "state buffer")
 
 
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", ["triton", "torch"], ids=["fused", "torch"])
+@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet", "gdn2"])
+def test_update_state_in_place_in_bf16(cell, backend):
+    """A bf16 state buffer (a decoding engine's ``state_dtype``): read into fp32, the steps computed in fp32, the
+    new state rounded once into the buffer — the fp64 reference from the same (bf16) state, rounded."""
+    inputs = make_inputs(cell, B=2, T=3, H=2, K=16, V=24, initial_state=True, dtype=torch.float32, seed=4)
+    inputs = {n: x.float() for n, x in inputs.items()}
+    inputs["initial_state"] = inputs["initial_state"].bfloat16()
+    reference = {n: x.double() for n, x in inputs.items()}
+    expected = OPS[cell](**reference, output_final_state=True, backend="reference")
+    with torch.no_grad():
+        moved = {n: x.to(DEVICE) for n, x in inputs.items()}
+        buffer = moved["initial_state"]
+        o, final = OPS[cell](**moved, backend=backend, update_state_in_place=True)
+    assert final is buffer and buffer.dtype == torch.bfloat16
+    assert_close(o.cpu(), expected[0], 1e-5, "output")
+    rounded = expected[1].bfloat16()
+    differs = buffer.cpu() != rounded  # at most a rounding boundary apart: one bf16 step
+    assert (differs.float().mean() < 0.01) and torch.allclose(buffer.cpu().double(), expected[1], rtol=2**-8, atol=0)
+
+
 def test_update_state_in_place_errors():
     inputs = {
         n: x.float().to(DEVICE) for n, x in make_inputs("kda", B=1, T=3, H=1, K=8, V=8, initial_state=True).items()
@@ -118,7 +140,9 @@ def test_update_state_in_place_errors():
     without = {n: x for n, x in inputs.items() if n != "initial_state"}
     with pytest.raises(ValueError, match="needs argument 'initial_state'"):
         ops.kda(**without, update_state_in_place=True)
-    with pytest.raises(ValueError, match="contiguous torch.float32 'initial_state', got a non-contiguous"):
+    with pytest.raises(
+        ValueError, match=r"contiguous torch.float32 \(or torch.bfloat16\) 'initial_state', got a non-con"
+    ):
         state = inputs["initial_state"].transpose(-1, -2).contiguous().transpose(-1, -2)
         ops.kda(**without, initial_state=state, update_state_in_place=True)
     with pytest.raises(ValueError, match="is for inference"):

@@ -130,8 +130,30 @@ def test_changed_parameters_drop_the_captured_graphs():
     assert engine._graphs == {}
 
 
+@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet", "mamba2"])
+def test_bf16_state_decodes_as_the_model_with_its_state_rounded_after_each_step(cell):
+    """``state_dtype=torch.bfloat16``: prefill in fp32, then each step computes in fp32 from the bf16 state and
+    rounds the new one: the tokens of decoding with the model's own fp32 state rounded to bf16 after every call."""
+    model = tiny(cell)
+    prompt, new = torch.randint(1, 256, (11,), generator=torch.Generator().manual_seed(1)), 24
+    engine = Engine(model, slots=1, state_dtype=torch.bfloat16)
+    tokens = engine.generate([prompt], Sampling(max_new_tokens=new, temperature=0))[0].tokens
+    assert all(layer.recurrent.dtype == torch.bfloat16 for layer in engine.states)
+    expected = []
+    with torch.no_grad():
+        logits, state = model(prompt[None], return_state=True)
+        for _ in range(new):
+            expected.append(int(logits[0, -1].argmax()))
+            for layer in state:
+                layer.recurrent = layer.recurrent.bfloat16().float()
+            logits, state = model(torch.tensor([[expected[-1]]]), state=state, return_state=True)
+    assert tokens == expected
+
+
 def test_engine_errors():
     model = tiny("gdn")
+    with pytest.raises(UsageError, match="'state_dtype' must be torch.float32 or torch.bfloat16, got torch.float16"):
+        Engine(model, state_dtype=torch.float16)
     with pytest.raises(UsageError, match="'slots' must be an int >= 1, got 0"):
         Engine(model, slots=0)
     with pytest.raises(UsageError, match="'prefill_tokens' must be an int >= 1, got 0"):

@@ -82,7 +82,18 @@ def _fused_recurrent_fwd_kernel(
     if STORE_FINAL_STATE:
         if HAS_GAMMA:
             state *= gamma[:, None]
-        tl.store(final_state + state_offsets, state, mask=tile_mask)
+        if final_state.dtype.element_ty == tl.bfloat16:  # a bf16 decoding state: round to nearest even
+            state = _round_to_bfloat16(state)
+        tl.store(final_state + state_offsets, state.to(final_state.dtype.element_ty), mask=tile_mask)
+
+
+@triton.jit
+def _round_to_bfloat16(x):
+    """fp32 ``x`` rounded to the nearest bf16 value (ties to even), still fp32: its cast to bf16 is then exact. The
+    cast alone rounds to nearest on the GPU but truncates under the Triton interpreter."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
 
 
 def fused_recurrent_fwd(
@@ -110,8 +121,8 @@ def fused_recurrent_fwd(
     Inputs must be validated already (``ops`` does); K and V up to 256. Outputs: o in ``v``'s dtype, final state
     fp32. ``block_v`` (value columns per program) and ``num_warps`` override the launch shape
     (benchmarks/tune_fused_recurrent.py).
-    ``final_state``: a contiguous fp32 ``[N, H, K, V]`` buffer to write the final state into; it may be
-    ``initial_state`` itself (each program loads its tile before it stores it).
+    ``final_state``: a contiguous fp32 or bf16 ``[N, H, K, V]`` buffer to write the final state into (rounded once,
+    at the end); it may be ``initial_state`` itself (each program loads its tile before it stores it).
     """
     batch, steps, heads, key_dim = q.shape
     value_dim = v.shape[-1]
