@@ -74,7 +74,7 @@ def build(name: str, batch: int, prompt: int):
             model = linrnn.build_model(CELLS[cell[0]], vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=LAYERS,
                                        num_heads=HEADS, intermediate_size=MLP)  # fmt: skip
         model = model.to(DEVICE, dtype).eval()
-        state_dtype = torch.bfloat16 if "bf16state" in cell else torch.float32
+        state_dtype = torch.bfloat16 if "bf16state" in cell else None
         engine = linrnn.Engine(model, slots=batch, state_dtype=state_dtype)
         state_bytes = sum(t.numel() * t.element_size() for layer in engine.states
                           for t in [layer.recurrent, *layer.conv.values()]) // batch  # fmt: skip

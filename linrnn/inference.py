@@ -145,15 +145,16 @@ class Engine:
     each slot's KV cache in attention layers, the longest prompt + ``max_new_tokens`` a request may have; memory
     2 · slots · max_length · H · K elements per attention layer. ``self.max_length`` is None for a model without
     attention layers, which keeps no cache and takes any length. ``state_dtype``: the recurrent states' dtype in the
-    slots, ``torch.float32`` (default) or ``torch.bfloat16`` (half the state memory and traffic of a decode step;
-    each step still computes in fp32 and rounds the new state once: ``benchmarks/RESULTS.md`` measures how often its
-    greedy tokens differ). Prefill always runs in fp32 states."""
+    slots, None (default: the layers' own, fp32, or fp64 for an fp64 model) or ``torch.bfloat16`` (half the state
+    memory and traffic of a decode step; each step still computes in fp32 and rounds the new state once:
+    ``benchmarks/RESULTS.md`` measures how often its greedy tokens differ). Prefill always runs in full-precision
+    states."""
 
-    STATE_DTYPES = (torch.float32, torch.bfloat16)
+    STATE_DTYPES = (None, torch.bfloat16)
 
     def __init__(self, model: LanguageModel, slots: int = 8, cuda_graph: bool | None = None,
                  prefill_tokens: int = 16384, max_length: int = DEFAULT_MAX_LENGTH,
-                 state_dtype: torch.dtype = torch.float32):  # fmt: skip
+                 state_dtype: torch.dtype | None = None):  # fmt: skip
         if not isinstance(slots, int) or slots < 1:
             raise UsageError(f"Engine: argument 'slots' must be an int >= 1, got {slots!r}")
         if not isinstance(prefill_tokens, int) or prefill_tokens < 1:
@@ -161,7 +162,7 @@ class Engine:
         if not isinstance(max_length, int) or max_length < 1:
             raise UsageError(f"Engine: argument 'max_length' must be an int >= 1, got {max_length!r}")
         if state_dtype not in self.STATE_DTYPES:
-            raise UsageError(f"Engine: argument 'state_dtype' must be torch.float32 or torch.bfloat16, got "
+            raise UsageError(f"Engine: argument 'state_dtype' must be None or torch.bfloat16, got "
                              f"{state_dtype!r}")  # fmt: skip
         self.state_dtype = state_dtype
         self.prefill_tokens = prefill_tokens
@@ -194,7 +195,7 @@ class Engine:
         if layer.kv is not None:  # attention: [slots, H, 1, K] → [slots, H, max_length, K]
             kv = tuple(h.new_zeros(self.slots, h.shape[1], self.max_length, h.shape[3]) for h in layer.kv)
             return MixerState(kv=kv, position=self.positions, in_place=True)
-        recurrent = torch.zeros_like(layer.recurrent, dtype=self.state_dtype)
+        recurrent = torch.zeros_like(layer.recurrent, dtype=self.state_dtype or layer.recurrent.dtype)
         return MixerState(conv={k: torch.zeros_like(v) for k, v in layer.conv.items()}, recurrent=recurrent,
                           position=self.positions, in_place=True)  # fmt: skip
 

@@ -152,7 +152,7 @@ def test_bf16_state_decodes_as_the_model_with_its_state_rounded_after_each_step(
 
 def test_engine_errors():
     model = tiny("gdn")
-    with pytest.raises(UsageError, match="'state_dtype' must be torch.float32 or torch.bfloat16, got torch.float16"):
+    with pytest.raises(UsageError, match="'state_dtype' must be None or torch.bfloat16, got torch.float16"):
         Engine(model, state_dtype=torch.float16)
     with pytest.raises(UsageError, match="'slots' must be an int >= 1, got 0"):
         Engine(model, slots=0)
