@@ -66,7 +66,7 @@ def test_context_parallel_run_equals_one_process(corpus, tmp_path):
     the boundary), and the training and validation losses are those of one process on the same batches (fp32).
     (Gradient norms differ by ~5e-5 relative from one process's, equal to those of two data-parallel FSDP
     processes on the same batches, which differ from one process's by as much.)"""
-    common = ["--training.steps", "3", "--checkpoint.no-enable", "--validator.freq", "3", "--validator.steps", "2"]
+    common = ["--training.steps", "2", "--checkpoint.no-enable", "--validator.freq", "2", "--validator.steps", "1"]
     one = train(tmp_path, "gdn_tiny_sp", *common, run="one")
     split = train(tmp_path, "gdn_tiny_sp", *common, "--parallelism.context_parallel_degree", "2", processes=2,
                   run="split")  # fmt: skip
