@@ -64,8 +64,9 @@ def test_two_process_gloo_run(corpus, tmp_path, config):
 def test_context_parallel_run_equals_one_process(corpus, tmp_path):
     """``--parallelism.context_parallel_degree 2`` on two processes: each holds half of every row (documents cross
     the boundary), and the training and validation losses are those of one process on the same batches (fp32).
-    (Gradient norms differ by ~5e-5 relative from one process's, equal to those of two data-parallel FSDP
-    processes on the same batches, which differ from one process's by as much.)"""
+    (The logged gradient norms differ by ~5e-5 relative from one process's, as two data-parallel FSDP processes'
+    do on the same batches, although the gradients themselves agree to ~4e-7 per parameter: the difference is in
+    how the norm is reduced, not in the gradients.)"""
     common = ["--training.steps", "2", "--checkpoint.no-enable", "--validator.freq", "2", "--validator.steps", "1"]
     one = train(tmp_path, "gdn_tiny_sp", *common, run="one")
     split = train(tmp_path, "gdn_tiny_sp", *common, "--parallelism.context_parallel_degree", "2", processes=2,
