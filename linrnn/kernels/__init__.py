@@ -1,5 +1,7 @@
 """The shared math: one generalized recurrence (reference loop, chunked torch) behind ``ops``."""
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -28,3 +30,19 @@ def heads_dense(x: Tensor) -> Tensor:
     batch, steps, heads, dim = x.shape
     dense = x.stride(3) == 1 and x.stride(2) == dim and (batch == 1 or x.stride(0) == steps * x.stride(1))
     return x if dense else x.contiguous()
+
+
+def eager(fn):
+    """``fn`` run outside torch.compile's graphs (work whose shapes depend on the data, collectives with a custom
+    backward). ``torch.compiler.disable`` is applied at the first call: applying it imports torch's compiler (about a
+    second), and with it Triton, which ``import linrnn`` does not."""
+    disabled = None
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return run

@@ -22,7 +22,7 @@ width ``V + K`` instead of ``V``, plus ``R − 1`` small matmuls.
 
 **The short convolution** (``convolve_with_halo``). Each rank passes the last ``W − 1`` inputs of every row to the
 next; a row's inputs are convolved after that halo, with each token's true position in its document bounding its
-taps (``Shard.offset``), and the halo's own outputs dropped.
+taps (the caller's positions), and the halo's own outputs dropped.
 
 Both need every rank to take part in the same order (collectives); the model calls them in layer order, and every
 rank's result depends on its gather (rank 0's through a product with 0) so that every rank's backward joins the
@@ -31,13 +31,13 @@ same all-reduces.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from linrnn.kernels import eager
 from linrnn.kernels.structure import INPUTS
 
 VALUE_SIDE = tuple(name for name, (shape, _) in INPUTS.items() if shape is not None and shape.endswith("V]"))
@@ -46,9 +46,8 @@ VALUE_SIDE = tuple(name for name, (shape, _) in INPUTS.items() if shape is not N
 @dataclass
 class Shard:
     """This rank's slice of a batch split along time. ``rows``: B; ``continued`` ``[B]`` (host, bool): the row's
-    first token is not a document start (its document began on an earlier rank); ``last_document`` ``[B]`` (host):
-    the index, among the packed documents, of each row's last one; ``offset`` ``[B · T_local]``: each token's
-    position in its document (the caller's positions), bounding the short conv's taps."""
+    first token is not a document start (its document began on an earlier rank); ``first_document`` and
+    ``last_document`` ``[B]`` (host): the indices, among the packed documents, of each row's first and last one."""
 
     group: dist.ProcessGroup
     rank: int
@@ -57,7 +56,6 @@ class Shard:
     continued: Tensor
     first_document: Tensor
     last_document: Tensor
-    offset: Tensor
 
 
 class _AllGather(torch.autograd.Function):
@@ -84,23 +82,7 @@ def all_gather(x: Tensor, shard: Shard) -> Tensor:
     return _AllGather.apply(x, shard.group, shard.rank, shard.size)
 
 
-def eager(fn):
-    """``fn`` run outside torch.compile's graphs (data-dependent indexing on the host layout, collectives with a
-    custom backward; the ops are custom ops either way). ``torch.compiler.disable`` is applied at the first call:
-    applying it imports torch's compiler, and with it Triton, which ``import linrnn`` does not."""
-    disabled = None
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        nonlocal disabled
-        if disabled is None:
-            disabled = torch.compiler.disable(fn)
-        return disabled(*args, **kwargs)
-
-    return run
-
-
-@eager
+@eager  # data-dependent indexing on the host layout, collectives (the op is a custom op either way)
 def chained_recurrence(op, q: Tensor, k: Tensor, v: Tensor, gates: dict[str, Tensor], shard: Shard,
                        cu_seqlens: Tensor, **options) -> Tensor:  # fmt: skip
     """The outputs ``[1, N, H, V]`` of ``op`` (a cell's op, ``linrnn.ops``) on this rank's packed documents
@@ -132,17 +114,18 @@ def chained_recurrence(op, q: Tensor, k: Tensor, v: Tensor, gates: dict[str, Ten
 
 
 @eager
-def convolve_with_halo(conv, x: Tensor, shard: Shard, keep: int) -> Tensor:
+def convolve_with_halo(conv, x: Tensor, shard: Shard, positions: Tensor, keep: int) -> Tensor:
     """``conv(x_ext, offset_ext)`` (a causal conv taking per-token document offsets, ``linrnn.kernels.short_conv``)
     over this rank's rows ``x`` ``[1, B · T_local, C]`` preceded by the previous rank's last ``keep`` inputs of each
-    row (zeros on rank 0), the halo's outputs dropped: ``[1, B · T_local, C]``."""
+    row (zeros on rank 0), the halo's outputs dropped: ``[1, B · T_local, C]``. ``positions`` ``[B · T_local]``: each
+    token's position in its document within the whole row, which bounds its taps."""
     if keep == 0:
-        return conv(x, shard.offset)
+        return conv(x, positions)
     rows = x.reshape(shard.rows, -1, x.shape[-1])  # [B, T_local, C]
     tails = all_gather(rows[:, rows.shape[1] - keep :], shard)  # [R, B, keep, C]
     halo = tails[shard.rank - 1] if shard.rank > 0 else tails[0] * 0  # rank 0: zeros, joined to the graph (above)
     extended = torch.cat([halo, rows], dim=1).reshape(1, -1, x.shape[-1])
-    offsets = shard.offset.reshape(shard.rows, -1)
+    offsets = positions.reshape(shard.rows, -1)
     offsets = torch.cat([offsets.new_zeros(shard.rows, keep), offsets], dim=1).reshape(-1)
     y = conv(extended, offsets).reshape(shard.rows, -1, x.shape[-1])
     return y[:, keep:].reshape(x.shape)

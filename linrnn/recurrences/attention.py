@@ -36,6 +36,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from linrnn.errors import UsageError
+from linrnn.kernels import eager
 from linrnn.recurrences.base import Documents, LinearRNNMixer, MixerConfig, MixerState, apply_rope
 from linrnn.recurrences.registry import CellSpec, register_cell
 
@@ -176,16 +177,7 @@ def _document_attention(q: Tensor, k: Tensor, v: Tensor, documents: Documents) -
     return torch.cat(blocks, dim=1)
 
 
-_eager_document_attention = None  # _document_attention under torch.compiler.disable, made on first use (below)
-
-
-def document_attention(q: Tensor, k: Tensor, v: Tensor, documents: Documents) -> Tensor:
-    """``_document_attention``, run eagerly under torch.compile. The wrapper is made on first use: it imports
-    torch._dynamo (seconds), which ``import linrnn`` does not."""
-    global _eager_document_attention
-    if _eager_document_attention is None:
-        _eager_document_attention = torch.compiler.disable(_document_attention)
-    return _eager_document_attention(q, k, v, documents)
+document_attention = eager(_document_attention)  # runs eagerly under torch.compile
 
 
 # MixerOptions of the recurrence mixers' parts that attention does not have: width ratios (head dims are set by

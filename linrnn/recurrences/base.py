@@ -26,6 +26,7 @@ from einops import rearrange
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
+from linrnn.kernels import eager
 from linrnn.kernels.context_parallel import Shard, chained_recurrence, convolve_with_halo
 from linrnn.kernels.fused import gated_rms_norm, l2_normalize
 from linrnn.kernels.short_conv import short_conv, short_conv_step
@@ -117,8 +118,6 @@ class Documents:
     positions: Tensor  # [N] the caller's positions (RoPE)
     shard: Shard | None = None
 
-    _eager_build = None  # _build wrapped by torch.compiler.disable, on first use (it imports torch._dynamo, ~1 s)
-
     @classmethod
     def from_positions(cls, positions: Tensor, context_group: dist.ProcessGroup | None = None) -> Documents:
         """``positions`` ``[B, T]``: a document starts wherever the position is 0, and at every row start. Costs one
@@ -126,42 +125,41 @@ class Documents:
         number of documents depends on the data. ``context_group``: the rows are this rank's slices of rows split
         along time over that group's ranks, in rank order (a row start with a position above 0 continues a
         document from the previous rank)."""
-        if Documents._eager_build is None:
-            Documents._eager_build = torch.compiler.disable(Documents._build)
-        return Documents._eager_build(positions, context_group)
+        return _documents(positions, context_group)
 
-    @staticmethod
-    def _build(positions: Tensor, context_group: dist.ProcessGroup | None = None) -> Documents:
-        rows, length = positions.shape
-        continued = positions[:, 0].cpu() != 0
-        starts = positions == 0
-        starts[:, 0] = True
-        starts = starts.flatten()
-        index = torch.arange(starts.numel(), device=positions.device)
-        offset = index - torch.where(starts, index, 0).cummax(0).values  # distance to the last start at or before
-        start_index = starts.cpu().nonzero().squeeze(1)  # [D] on the host
-        cu_seqlens = torch.cat([start_index, torch.tensor([starts.numel()])])
-        documents = Documents(cu_seqlens=cu_seqlens, offset=offset, positions=positions.flatten())
-        if context_group is None:
-            return documents
-        rank, size = dist.get_rank(context_group), dist.get_world_size(context_group)
-        if rank == 0 and continued.any():
-            raise ValueError(
-                f"context parallelism: rank 0 holds the start of every row, so its positions must be 0 at each row "
-                f"start; got {positions[:, 0].tolist()}"
-            )
-        row_starts = torch.arange(rows + 1) * length
-        documents.shard = Shard(
-            group=context_group,
-            rank=rank,
-            size=size,
-            rows=rows,
-            continued=continued,
-            first_document=torch.searchsorted(start_index, row_starts[:-1]),
-            last_document=torch.searchsorted(start_index, row_starts[1:]) - 1,
-            offset=positions.flatten(),
-        )
+
+@eager
+def _documents(positions: Tensor, context_group: dist.ProcessGroup | None) -> Documents:
+    """``Documents.from_positions``."""
+    rows, length = positions.shape
+    starts = positions == 0
+    starts[:, 0] = True
+    starts = starts.flatten()
+    index = torch.arange(starts.numel(), device=positions.device)
+    offset = index - torch.where(starts, index, 0).cummax(0).values  # distance to the last start at or before
+    start_index = starts.cpu().nonzero().squeeze(1)  # [D] on the host
+    cu_seqlens = torch.cat([start_index, torch.tensor([starts.numel()])])
+    documents = Documents(cu_seqlens=cu_seqlens, offset=offset, positions=positions.flatten())
+    if context_group is None:
         return documents
+    rank, size = dist.get_rank(context_group), dist.get_world_size(context_group)
+    continued = positions[:, 0].cpu() != 0  # one more small copy to the host, under context parallelism only
+    if rank == 0 and continued.any():
+        raise ValueError(
+            f"context parallelism: rank 0 holds the start of every row, so its positions must be 0 at each row "
+            f"start; got {positions[:, 0].tolist()}"
+        )
+    row_starts = torch.arange(rows + 1) * length
+    documents.shard = Shard(
+        group=context_group,
+        rank=rank,
+        size=size,
+        rows=rows,
+        continued=continued,
+        first_document=torch.searchsorted(start_index, row_starts[:-1]),
+        last_document=torch.searchsorted(start_index, row_starts[1:]) - 1,
+    )
+    return documents
 
 
 class ShortConv(nn.Module):
@@ -191,7 +189,7 @@ def causal_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, docume
     keep = weight.shape[-1] - 1
     if documents is not None and documents.shard is not None:  # context parallelism: the previous rank's inputs first
         conv = lambda inputs, offset: short_conv(inputs, weight, None, offset, backend)  # noqa: E731
-        return convolve_with_halo(conv, x, documents.shard, keep), None
+        return convolve_with_halo(conv, x, documents.shard, documents.positions, keep), None
     if documents is not None:
         return short_conv(x, weight, None, documents.offset, backend), None
     if in_place and x.shape[1] == 1 and keep > 0 and history.dtype == x.dtype and history.is_contiguous():
