@@ -27,7 +27,7 @@ NOT_KERNELS = {"aten::set_", "aten::copy_", "aten::view", "aten::reshape", "aten
                "aten::empty_strided", "aten::permute", "aten::_unsafe_view", "aten::expand_as",
                "aten::promote_types", "aten::result_type", "aten::item", "aten::_local_scalar_dense",
                "aten::squeeze", "aten::flatten", "aten::to", "aten::_to_copy", "aten::full",
-               "aten::new_empty"}  # fmt: skip
+               "aten::new_empty", "aten::chunk"}  # fmt: skip
 
 
 def main(cells: list[str]) -> None:

@@ -13,6 +13,10 @@
 #                                      # tokens/s and MFU on a GPU of its own
 #   bash experiments/gpu_train.sh profile  # nvidia-h100-x1: 40 compiled steps with torchtitan's profiler on step 30; where the
 #                                      # step's time goes (experiments/trace_summary.py) in $OUT/trace_summary.txt
+#   bash experiments/gpu_train.sh cp       # nvidia-h200-x2 (needs_h200): context parallelism, compiled: one GPU at
+#                                      # 1 × 65536 tokens, one GPU at 1 × 131072 (expected not to fit), then two GPUs
+#                                      # at 1 × 131072 with --parallelism.context_parallel_degree 2; tokens/s per GPU (CP_SKIP_ONE_131072=1: not
+#                                      # the second)
 #   bash experiments/gpu_train.sh fsdp     # nvidia-h200-x2: the packed-document GPU test, then the same global batch
 #                                      # (4 × 4096) on 1 GPU, on 1 GPU as 2 micro-batches, and on 2 GPUs with FSDP
 # TRAIN_CONFIG names the config (default gdn_340m_sp; e.g. gdn-hybrid_340m_sp, the 3:1 hybrid, with mode mfu).
@@ -76,6 +80,19 @@ elif [ "$mode" = profile ]; then
   trace=$(find "$out/profiled" -name 'rank0_trace.json*' | sort | tail -1)
   python3 experiments/trace_summary.py "$trace" --top 40 | tee "$out/trace_summary.txt"
   rm -rf "$out/profiled/profiling"
+elif [ "$mode" = cp ]; then
+  cp=(--training.steps "${CP_STEPS:-20}" --training.local_batch_size 1 --validator.no-enable --compile.enable
+      --metrics.log_freq 1)
+  CUDA_VISIBLE_DEVICES=0 run one-65536 240 1 "-m linrnn.train" "${cp[@]}" --training.seq_len 65536
+  if [ -z "${CP_SKIP_ONE_131072:-}" ]; then
+    CUDA_VISIBLE_DEVICES=0 run one-131072 150 1 "-m linrnn.train" "${cp[@]}" --training.seq_len 131072 \
+      --training.steps 2
+    grep -m1 -o "OutOfMemoryError: CUDA out of memory. Tried to allocate [0-9.]* [GM]iB" "$out/one-131072.log"
+  fi
+  run cp2-131072 300 2 "-m linrnn.train" "${cp[@]}" --training.seq_len 131072 --parallelism.context_parallel_degree 2
+  grep -h "memory" "$out/one-65536.log" "$out/cp2-131072.log" | sed 's/\x1b\[[0-9;]*m//g' | tail -4 | cut -c 45-
+  python3 experiments/train_report.py one-65536="$out/one-65536" cp2-131072="$out/cp2-131072" --skip 5 \
+    --config "$config" | tee "$out/report.md"
 elif [ "$mode" = compile ]; then
   run compiled 540 1 "-m linrnn.train" --training.steps 200 --validator.freq 100 --compile.enable
   python3 experiments/train_report.py compiled="$out/compiled" | tee "$out/report.md"

@@ -19,7 +19,7 @@ if [ -n "${VERIFY_CHUNK_CHECK:-}" ]; then  # e.g. VERIFY_CHUNK_CHECK="--cells ga
     --max-seconds $((seconds - 90)) > "$out/check.log" 2>&1 &
 fi
 pytest=(python3 -m pytest -o addopts= -v -rfE --tb=short -p no:cacheprovider -p no:warnings)
-groups="${VERIFY_GROUPS:-short_conv fused fused_recurrent inference compile packed fla_checkpoints new_kernels new_models}"
+groups="${VERIFY_GROUPS:-short_conv fused fused_recurrent linear inference compile packed fla_checkpoints new_kernels new_models}"
 group() {  # group NAME PYTEST-ARGS...: one pytest process in the background, its log in $OUT/NAME.log
   local name="$1"
   shift
@@ -29,6 +29,7 @@ group() {  # group NAME PYTEST-ARGS...: one pytest process in the background, it
 group short_conv tests/kernels/test_short_conv.py
 group fused tests/kernels/test_fused.py tests/models/test_loss.py::test_triton_rows_kernel_matches_cross_entropy
 group fused_recurrent tests/kernels/test_triton_fused_recurrent.py
+group linear tests/kernels/test_linear.py tests/kernels/test_cuda.py -k "linear or matrix_vector or model_decode"
 group inference tests/models/test_inference.py
 group compile -m gpu tests/models/test_compile.py
 group compile_new -m gpu tests/models/test_compile.py -k "gdn2 or mamba2"  # in "compile" too: for a short call

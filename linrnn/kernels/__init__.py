@@ -28,6 +28,9 @@ def heads_dense(x: Tensor) -> Tensor:
     """x ``[B, T, H, D]`` as the row kernels read it: heads and channels dense, tokens at one stride (``x.stride(1)``;
     a column slice of a wider ``[B, T, C]`` matrix is read in place); anything else is copied."""
     batch, steps, heads, dim = x.shape
+    if steps == 1 and batch > 1 and x.stride(3) == 1 and x.stride(2) == dim:
+        # one token a row (decoding): the rows' stride is the tokens' (a size-1 dim's stride can be anything)
+        return x.as_strided(x.shape, (x.stride(0), x.stride(0), dim, 1))
     dense = x.stride(3) == 1 and x.stride(2) == dim and (batch == 1 or x.stride(0) == steps * x.stride(1))
     return x if dense else x.contiguous()
 

@@ -8,17 +8,18 @@ the two functions below are what a mixer does differently under it.
 **The recurrence** (``chained_recurrence``). For every cell the state after a stretch of tokens is affine in the
 state before it: ``S_out = P S_in + L`` (``S`` is ``[K, V]`` per head; ``P`` ``[K, K]`` is the product of the
 stretch's transitions — decays and erasures act on the key side — and ``L`` is the stretch's state from zero).
-Each output is linear in the state it reads, ``o_t = scale · S_tᵀ q_t``. One pass of the cell's own op over values
-widened to ``[v | 0]`` (``K`` zero columns), with initial state ``[0 | I]`` for a continued first document and
-zeros elsewhere, gives all of it at once: the state columns carry ``[S_loc | P_t]``, the outputs ``[o_loc |
-b_t]`` with ``b_t = scale · P_tᵀ q_t``, and the final state of the row's last document ``[L | P]`` (``P = 0``
-when a document starts on this rank: nothing before it reaches past that start). The ranks exchange their ``(L,
-P)`` per row (an all-gather of ``B · H · K · (V + K)`` numbers), each chains those of the ranks before it into its
-own incoming state ``S_in`` (``S_in(0) = 0``, ``S_in(r + 1) = P_r S_in(r) + L_r``) and corrects its outputs,
+Each output is linear in the state it reads, ``o_t = scale · S_tᵀ q_t``. Two passes of the cell's own op give all
+of it: the values from a zero state give the outputs ``o_loc`` and the final state ``L``; ``K`` columns of zero
+values from initial state ``I`` for a continued first document (zeros elsewhere) carry ``P_t`` in the state, so
+their outputs are ``b_t = scale · P_tᵀ q_t`` and the row's last document ends at ``P`` (``P = 0`` when a document
+starts on this rank: nothing before it reaches past that start). Two passes rather than one at width ``V + K``:
+each stays within the Triton kernels' widths (``ops.MAX_TRITON_DIM``). The ranks exchange their ``(L, P)`` per row
+(an all-gather of ``B · H · K · (V + K)`` numbers), each chains those of the ranks before it into its own incoming
+state ``S_in`` (``S_in(0) = 0``, ``S_in(r + 1) = P_r S_in(r) + L_r``) and corrects its outputs,
 ``o_t = o_loc_t + S_inᵀ b_t`` (``b_t = 0`` outside continued documents). A gate on the value side (GDN-2's write
-gate ``w``) scales only what is written, not the transition: it is widened with ones. The backward runs through the
-op's own backward, the chain's matmuls and the all-gather's (an all-reduce of the gradients). Cost: the recurrence at
-width ``V + K`` instead of ``V``, plus ``R − 1`` small matmuls.
+gate ``w``) scales only what is written, not the transition: the second pass takes ones for it. The backward runs
+through the op's own backward, the chain's matmuls and the all-gather's (an all-reduce of the gradients). Cost: the
+recurrence at width ``V + K`` instead of ``V``, plus ``R − 1`` small matmuls.
 
 **The short convolution** (``convolve_with_halo``). Each rank passes the last ``W − 1`` inputs of every row to the
 next; a row's inputs are convolved after that halo, with each token's true position in its document bounding its
@@ -90,20 +91,20 @@ def chained_recurrence(op, q: Tensor, k: Tensor, v: Tensor, gates: dict[str, Ten
     keyword arguments besides the streams, gates, state and boundaries (``scale``, ``backend``, ``chunk_size``)."""
     heads, k_dim, v_dim = q.shape[2], q.shape[3], v.shape[3]
     documents = cu_seqlens.numel() - 1
-    widened = torch.cat([v, v.new_zeros(*v.shape[:3], k_dim)], dim=-1)  # [1, N, H, V + K]
-    # gates on the value side (a write gate per value channel) scale only what is written: any value does for the
-    # zero columns
-    gates = {name: torch.cat([x, x.new_ones(*x.shape[:3], k_dim)], dim=-1) if name in VALUE_SIDE else x
-             for name, x in gates.items()}  # fmt: skip
     dtype = torch.promote_types(v.dtype, torch.float32)  # states and the correction: fp32 at least
-    initial = torch.zeros(documents, heads, k_dim, v_dim + k_dim, device=v.device, dtype=dtype)
+    local, from_zero = op(q, k, v, **gates, output_final_state=True, cu_seqlens=cu_seqlens, **options)
+    # gates on the value side (a write gate per value channel) scale only what is written: any value does for the
+    # zero values of the second pass
+    transition_gates = {name: x.new_ones(*x.shape[:3], k_dim) if name in VALUE_SIDE else x
+                        for name, x in gates.items()}  # fmt: skip
+    identity = torch.zeros(documents, heads, k_dim, k_dim, device=v.device, dtype=dtype)
     continued = shard.first_document[shard.continued]
     if continued.numel():
-        initial[continued.to(v.device), :, :, v_dim:] = torch.eye(k_dim, device=v.device, dtype=dtype)
-    out, final = op(q, k, widened, **gates, initial_state=initial, output_final_state=True, cu_seqlens=cu_seqlens,
-                    **options)  # fmt: skip
-    local, basis = out[..., :v_dim], out[..., v_dim:]  # [1, N, H, V], [1, N, H, K]
-    last = final[shard.last_document.to(v.device)].to(dtype)  # [B, H, K, V + K]: the rows' (L | P)
+        identity[continued.to(v.device)] = torch.eye(k_dim, device=v.device, dtype=dtype)
+    basis, transition = op(q, k, v.new_zeros(*v.shape[:3], k_dim), **transition_gates, initial_state=identity,
+                           output_final_state=True, cu_seqlens=cu_seqlens, **options)  # fmt: skip
+    final = torch.cat([from_zero.to(dtype), transition.to(dtype)], dim=-1)  # [D, H, K, V + K]: (L | P)
+    last = final[shard.last_document.to(v.device)]  # [B, H, K, V + K]: the rows' (L | P)
     gathered = all_gather(last, shard)  # [R, B, H, K, V + K]
     incoming = gathered[0, ..., :v_dim] * 0  # S_in(0) = 0, joined to the graph: every rank's backward all-reduces
     for r in range(shard.rank):  # S_in(r + 1) = P_r S_in(r) + L_r

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from linrnn.kernels import use_triton
+from linrnn.kernels.fused import l2_normalize
 
 
 def short_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, offset: Tensor | None = None,
@@ -30,23 +31,36 @@ def short_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, offset:
     return short_conv_torch(x, weight, history, offset)
 
 
-def short_conv_step(x: Tensor, weight: Tensor, history: Tensor, backend: str = "auto") -> Tensor:
+def short_conv_step(x: Tensor, weight: Tensor, history: Tensor, backend: str = "auto",
+                    normalize: tuple[int, int, float] | None = None) -> Tensor:  # fmt: skip
     """Decoding, no autograd: ``short_conv(x, weight, history)`` for x ``[B, 1, C]``, and ``history`` (contiguous,
     x's dtype) advanced by one token in place — one Triton launch on CUDA instead of the conv, a concatenation
-    and a copy. Needs ``W ≥ 2``."""
+    and a copy. Needs ``W ≥ 2``. ``normalize`` (channels, group, eps): the first ``channels`` outputs (q and k)
+    also L2-normalised in groups of ``group`` (``linrnn.kernels.fused.l2_normalize`` of the output, in the same
+    launch)."""
     width = weight.shape[-1]
     if x.shape[1] != 1 or width < 2 or history.dtype != x.dtype or not history.is_contiguous():
         raise ValueError(
             f"short_conv_step: needs x [B, 1, C], W >= 2 and a contiguous history in x's dtype; got x "
             f"{list(x.shape)}, W = {width}, history {history.dtype} contiguous={history.is_contiguous()}"
         )
+    if normalize is not None:
+        channels, group, _ = normalize
+        if not (isinstance(group, int) and group > 0 and isinstance(channels, int)
+                and 0 < channels <= x.shape[2] and channels % group == 0):  # fmt: skip
+            raise ValueError(f"short_conv_step: argument 'normalize' must be (channels, group, eps) with channels a "
+                             f"multiple of group within x's {x.shape[2]} channels, got {normalize!r}")  # fmt: skip
     if use_triton(x, backend):
         from linrnn.kernels.triton.short_conv import short_conv_step as triton_step
 
-        return triton_step(_columns_unit(x), _taps(weight), history)
+        return triton_step(_columns_unit(x), _taps(weight), history, normalize)
     y = short_conv_torch(x, weight, history, None)
     history.copy_(torch.cat([history[..., 1:], x.transpose(1, 2)], dim=-1))
-    return y
+    if normalize is None:
+        return y
+    channels, group, eps = normalize
+    keys = l2_normalize(y[..., :channels].unflatten(-1, (-1, group)), eps, y.dtype, backend).flatten(-2)
+    return torch.cat([keys, y[..., channels:]], dim=-1)
 
 
 def short_conv_torch(x: Tensor, weight: Tensor, history: Tensor | None, offset: Tensor | None) -> Tensor:

@@ -15,25 +15,33 @@ from torch.utils.checkpoint import checkpoint
 
 from linrnn.errors import UsageError, one_line
 from linrnn.kernels.fused import rms_norm, swiglu
+from linrnn.kernels.linear import Linear, linear
 from linrnn.kernels.validation import describe
 from linrnn.models.config import ModelConfig, model_config
 from linrnn.models.folders import read_json, safetensors_files
-from linrnn.recurrences.base import Documents, MixerState, ShortConv
+from linrnn.recurrences.base import Documents, InferenceCache, MixerState, ShortConv
 from linrnn.recurrences.registry import build_mixer
 
 
-class SwiGLU(nn.Module):
-    """``down(SiLU(gate(x)) · up(x))``; ``backend`` as the mixers' (``linrnn.kernels.fused.swiglu``)."""
+class SwiGLU(InferenceCache, nn.Module):
+    """``down(SiLU(gate(x)) · up(x))``; ``backend`` as the mixers' (``linrnn.kernels.fused.swiglu``). Without autograd
+    (decoding, evaluation) gate and up run as one GEMM over their weights concatenated once and kept."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, backend: str = "auto"):
         super().__init__()
         self.backend = backend
+        self._inference_cache = {}
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False, backend=backend)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.backend))
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.backend))
+        weights = [self.gate_proj.weight, self.up_proj.weight]
+        weight = self._inference_cached("gate_up", weights, lambda: torch.cat(weights))
+        gate, up = linear(x, weight, None, self.backend).chunk(2, dim=-1)
+        return self.down_proj(swiglu(gate, up, self.backend))
 
     def local_param_roles(self) -> dict[str, str]:
         return {f"{name}.weight": "hidden" for name in ("gate_proj", "up_proj", "down_proj")}
@@ -64,9 +72,21 @@ class Block(nn.Module):
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, backend)
 
     def forward(self, x: Tensor, state: MixerState | None, output_state: bool, documents: Documents | None = None):
-        mixed, state = self.mixer(self.mixer_norm(x), state, output_state, documents)
+        x, mlp_out, state = self.deferred(x, None, state, output_state, documents)
+        return x + mlp_out, state
+
+    def deferred(self, x: Tensor, pending: Tensor | None, state: MixerState | None, output_state: bool,
+                 documents: Documents | None = None) -> tuple[Tensor, Tensor, MixerState | None]:  # fmt: skip
+        """``forward`` with the residual adds left to the norms' kernels: ``pending`` (the previous block's MLP
+        output, or None) is added to x by the first norm, and this block's MLP output is returned unadded, as
+        (x + pending + mixer output, MLP output, state)."""
+        if pending is None:
+            normed = self.mixer_norm(x)
+        else:
+            normed, x = self.mixer_norm(x, pending)  # x + pending, and its norm
+        mixed, state = self.mixer(normed, state, output_state, documents)
         normed, x = self.mlp_norm(x, mixed)  # x + mixed, and its norm
-        return x + self.mlp(normed), state
+        return x, self.mlp(normed), state
 
     def local_param_roles(self) -> dict[str, str]:
         return {"mixer_norm.weight": "norm", "mlp_norm.weight": "norm"}
@@ -99,7 +119,9 @@ class LanguageModel(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config, cell) for cell in config.layer_cells)
         self.norm = RMSNorm(config.hidden_size, config.norm_eps, config.mixer.get("backend", "auto"))
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(
+            config.hidden_size, config.vocab_size, bias=False, backend=config.mixer.get("backend", "auto")
+        )
         # outside lm_head so that logit_multiplier scales W h only: the bias's step moves the logits by the same
         # amount at every width
         self.logit_bias = nn.Parameter(torch.empty(config.vocab_size)) if config.readout_bias else None
@@ -190,13 +212,25 @@ class LanguageModel(nn.Module):
             x = x.reshape(1, -1, x.shape[-1])  # [1, B·T, D]: rows fold into one packed sequence
         new_state = []
         recompute = self.config.checkpoint_activations and torch.is_grad_enabled() and not return_state
+        # inference: each block's last residual add goes into the next norm's kernel (Block.deferred); blocks with
+        # hooks (coordinate checks) and autograd (training, compiled blocks) run whole
+        defer = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        pending = None  # the previous block's MLP output, not yet added to x
         for i, layer in enumerate(self.layers):
+            layer_state_in = None if state is None else state[i]
+            if defer and not (layer._forward_hooks or layer._forward_pre_hooks):
+                x, pending, layer_state = layer.deferred(x, pending, layer_state_in, return_state, documents)
+                new_state.append(layer_state)
+                continue
+            if pending is not None:
+                x, pending = x + pending, None
             if recompute:
                 x, layer_state = checkpoint(layer, x, None, False, documents, use_reentrant=False)
             else:
-                x, layer_state = layer(x, None if state is None else state[i], return_state, documents)
+                x, layer_state = layer(x, layer_state_in, return_state, documents)
             new_state.append(layer_state)
-        return self.norm(x).reshape(*input_ids.shape, -1), new_state
+        normed = self.norm(x) if pending is None else self.norm(x, pending)[0]
+        return normed.reshape(*input_ids.shape, -1), new_state
 
     @staticmethod
     def _documents(input_ids: Tensor, positions: Tensor, state, return_state: bool, context_group=None) -> Documents:

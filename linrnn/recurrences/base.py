@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from linrnn.kernels import eager
 from linrnn.kernels.context_parallel import Shard, chained_recurrence, convolve_with_halo
 from linrnn.kernels.fused import gated_rms_norm, l2_normalize
+from linrnn.kernels.linear import Linear, linear
 from linrnn.kernels.short_conv import short_conv, short_conv_step
 
 
@@ -179,13 +180,17 @@ class ShortConv(nn.Module):
 
 
 def causal_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, documents: Documents | None = None,
-                backend: str = "auto", in_place: bool = False) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+                backend: str = "auto", in_place: bool = False, normalize: tuple[int, int, float] | None = None
+                ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """Causal depthwise conv over time followed by SiLU (``linrnn.kernels.short_conv``): x ``[B, T, C]`` (any row
     stride), weight ``[C, 1, W]`` → (SiLU(conv) ``[B, T, C]``, last ``W − 1`` inputs ``[B, C, W − 1]``). With packed
     ``documents`` (B = 1), taps reaching before a document's start contribute nothing, and the second result is None
     (``last_inputs_per_document`` gives each document's). ``backend`` is the mixer's (``linrnn.kernels.use_triton``).
     ``in_place`` (decoding): the new last inputs are written into ``history``, which is returned; one token takes
-    ``short_conv_step``."""
+    ``short_conv_step``. ``normalize`` (channels, group, eps): the first ``channels`` outputs L2-normalised in
+    groups of ``group`` (decoding's q and k: in the step's launch)."""
+    if normalize is not None and not (in_place and x.shape[1] == 1 and documents is None):
+        raise ValueError("causal_conv: argument 'normalize' is for one decoding token (in_place, T = 1, no documents)")
     keep = weight.shape[-1] - 1
     if documents is not None and documents.shard is not None:  # context parallelism: the previous rank's inputs first
         conv = lambda inputs, offset: short_conv(inputs, weight, None, offset, backend)  # noqa: E731
@@ -193,8 +198,12 @@ def causal_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, docume
     if documents is not None:
         return short_conv(x, weight, None, documents.offset, backend), None
     if in_place and x.shape[1] == 1 and keep > 0 and history.dtype == x.dtype and history.is_contiguous():
-        return short_conv_step(x, weight, history, backend), history
+        return short_conv_step(x, weight, history, backend, normalize), history
     y = short_conv(x, weight, history, None, backend)
+    if normalize is not None:
+        channels, group, eps = normalize
+        keys = l2_normalize(y[..., :channels].unflatten(-1, (-1, group)), eps, y.dtype, backend).flatten(-2)
+        y = torch.cat([keys, y[..., channels:]], dim=-1)
     if in_place:
         return y, history.copy_(last_inputs(x, history, keep))
     return y, last_inputs(x, history, keep)
@@ -276,9 +285,34 @@ def mamba_decay_params(num_heads: int, dt_size: int) -> tuple[nn.Parameter, nn.P
 
 
 PROJECTION_ALIGNMENT = 64  # columns: the fused projection's rows stay 128-byte aligned in bf16
+Q_K_NORM_EPS = 1e-6  # q and k: x / sqrt(‖x‖² + eps), FLA's in-kernel norm
 
 
-class LinearRNNMixer(nn.Module):
+class InferenceCache:
+    """``_inference_cached``: weights concatenated for one GEMM, kept between decoding steps. A module using it sets
+    ``self._inference_cache = {}`` in its ``__init__``."""
+
+    _inference_cache: dict[str, tuple]
+
+    def _inference_cached(self, slot: str, parameters: list[Tensor], build: Callable[[], Any]) -> Any:
+        """``build()`` (weights concatenated from ``parameters``). Without autograd (inference) the result is kept
+        until a parameter changes (its storage, version counter or dtype) or autograd is on again, so a decode step
+        does not copy weights."""
+        if torch.compiler.is_compiling():
+            return build()
+        if torch.is_grad_enabled():
+            self._inference_cache.pop(slot, None)  # training again: free the inference copy
+            return build()
+        key = tuple((p.data_ptr(), p._version, p.dtype) for p in parameters)
+        cached = self._inference_cache.get(slot)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        value = build()
+        self._inference_cache[slot] = (key, value)
+        return value
+
+
+class LinearRNNMixer(InferenceCache, nn.Module):
     """Token mixer shared by all cells; subclasses add their gate parameters and implement ``gates``."""
 
     spec: Any  # the cell's CellSpec (its op is spec.op), and its registry name: both set by register_cell
@@ -311,7 +345,7 @@ class LinearRNNMixer(nn.Module):
             else nn.Sequential(nn.Linear(hidden, rank, bias=False), nn.Linear(rank, value_width, bias=True))
         )
         self.o_norm = GatedRMSNorm(self.head_v_dim, config.norm_eps, config.output_gate)
-        self.o_proj = nn.Linear(value_width, hidden, bias=False)
+        self.o_proj = Linear(value_width, hidden, bias=False, backend=config.backend)
 
     @property
     def stream_names(self) -> tuple[str, ...]:
@@ -388,7 +422,8 @@ class LinearRNNMixer(nn.Module):
         # one split of the GEMM's output (the streams as one block) and the streams as views of that block, so the
         # backward concatenates the block's gradient (from the conv) with the rest once
         streams = len(self.stream_names)
-        block, *rest = F.linear(x, weight, bias).split([sum(widths[:streams]), *widths[streams:], padding], dim=-1)
+        projected = linear(x, weight, bias, self.config.backend)
+        block, *rest = projected.split([sum(widths[:streams]), *widths[streams:], padding], dim=-1)
         outputs = [*block.split(widths[:streams], dim=-1), *rest[: len(widths) - streams]]
         projected = dict(zip(first, outputs, strict=True))
         projected["streams"] = block
@@ -396,23 +431,6 @@ class LinearRNNMixer(nn.Module):
             if isinstance(module, nn.Sequential):
                 projected[name] = module[1:](projected[name])
         return projected
-
-    def _inference_cached(self, slot: str, parameters: list[Tensor], build: Callable[[], Any]) -> Any:
-        """``build()`` (weights concatenated from ``parameters``). Without autograd (inference) the result is kept
-        until a parameter changes (its storage, version counter or dtype) or autograd is on again, so a decode step
-        does not copy weights."""
-        if torch.compiler.is_compiling():
-            return build()
-        if torch.is_grad_enabled():
-            self._inference_cache.pop(slot, None)  # training again: free the inference copy
-            return build()
-        key = tuple((p.data_ptr(), p._version, p.dtype) for p in parameters)
-        cached = self._inference_cache.get(slot)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        value = build()
-        self._inference_cache[slot] = (key, value)
-        return value
 
     def short_convs(self, projected: dict[str, Tensor], history: Tensor | None, documents: Documents | None,
                     in_place: bool) -> tuple[dict[str, Tensor], Tensor | None]:  # fmt: skip
@@ -433,8 +451,17 @@ class LinearRNNMixer(nn.Module):
             return {name: y for name, (y, _) in zip(names, outputs, strict=True)}, new
         weights = [conv.weight for conv in convs]
         weight = self._inference_cached("conv", weights, lambda: torch.cat(weights))
-        y, new = causal_conv(projected["streams"], weight, history, documents, backend, in_place)
+        y, new = causal_conv(projected["streams"], weight, history, documents, backend, in_place,
+                             self._keys_normalized_in_conv(projected["streams"], in_place))  # fmt: skip
         return dict(zip(names, y.split(widths, dim=-1), strict=True)), new
+
+    def _keys_normalized_in_conv(self, streams: Tensor, in_place: bool) -> tuple[int, int, float] | None:
+        """Decoding one token: q and k's L2 norm in the short conv's launch, as ``causal_conv``'s ``normalize``
+        (without RoPE, which comes between the two)."""
+        config = self.config
+        if not (in_place and streams.shape[1] == 1 and self.normalize_keys and not config.use_rope):
+            return None
+        return 2 * self.num_heads * self.head_k_dim, self.head_k_dim, Q_K_NORM_EPS
 
     def streams(self, projected: dict[str, Tensor], state: MixerState | None = None,
                 documents: Documents | None = None):  # fmt: skip
@@ -445,9 +472,13 @@ class LinearRNNMixer(nn.Module):
         position = state.position if state is not None else 0
         in_place = state is not None and state.in_place
         new_history, streams = {}, {}
+        keys_normalized = False
         if config.use_short_conv:
             convolved, new_history["streams"] = self.short_convs(projected, history.get("streams"), documents,
                                                                  in_place)  # fmt: skip
+            keys_normalized = (
+                "streams" in projected and self._keys_normalized_in_conv(projected["streams"], in_place) is not None
+            )
         else:
             convolved = {name: F.silu(projected[name]) for name in self.stream_names}
         for name, h in convolved.items():
@@ -458,8 +489,8 @@ class LinearRNNMixer(nn.Module):
                 streams[name] = apply_rope(streams[name], position, config.rope_theta, positions)
         q, k, v = streams.pop("q"), streams.pop("k"), streams.pop("v")
         # the recurrence runs in v's dtype (bf16 under autocast): the L2 norms compute in fp32 and return that
-        if self.normalize_keys:
-            q, k = (l2_normalize(h, 1e-6, v.dtype, config.backend) for h in (q, k))
+        if self.normalize_keys and not keys_normalized:
+            q, k = (l2_normalize(h, Q_K_NORM_EPS, v.dtype, config.backend) for h in (q, k))
         else:
             q, k = q.to(v.dtype), k.to(v.dtype)
         # extra key streams are erase directions, which the ops take as unit rows: an eps far below ‖x‖² (FLA's 1e-6

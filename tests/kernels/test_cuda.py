@@ -93,6 +93,36 @@ def test_model_decode_on_cuda(cell, monkeypatch):
     assert generated.shape == (2, 13)
 
 
+@pytest.mark.parametrize("cell", ["gated_deltanet", "kda", "gammanet"])
+def test_bf16_decode_through_the_matrix_vector_kernel(cell, monkeypatch):
+    """A bf16 model decoding on CUDA runs its projections, MLP and readout through ``linrnn.kernels.linear``'s
+    matrix-vector kernel: the logits of 12 steps equal those with ``F.linear`` (cuBLAS) in its place, up to the
+    order of the fp32 sums (bf16 rounding of the outputs, carried through 2 layers)."""
+    from linrnn.kernels import linear as linear_module
+    from linrnn.kernels.triton import gemv
+
+    calls = []
+    kernel = gemv.gemv
+    monkeypatch.setattr(gemv, "gemv", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    torch.manual_seed(0)
+    model = linrnn.build_model(cell).cuda().bfloat16().eval()
+    ids = torch.randint(0, 256, (2, 12), device="cuda")
+
+    def decode():
+        state, steps = None, []
+        with torch.no_grad():
+            for t in range(ids.shape[1]):
+                logits, state = model(ids[:, t : t + 1], state=state, return_state=True)
+                steps.append(logits.float())
+        return torch.cat(steps, 1)
+
+    through_kernel = decode()
+    # per step and layer: the mixer's projection, o_proj, gate_up and down, and the readout
+    assert len(calls) == ids.shape[1] * (4 * model.config.num_layers + 1)
+    monkeypatch.setattr(linear_module, "_takes_gemv", lambda *a: False)
+    torch.testing.assert_close(through_kernel, decode(), rtol=2e-2, atol=2e-2)
+
+
 def test_fused_recurrent_more_programs_than_grid_axis_1_allows():
     """70,000 sequences x 1 head: more than the 65,535 programs CUDA allows on grid axes 1 and 2."""
     inputs = make_inputs("gated_deltanet", B=70_000, T=2, H=1, K=16, V=16, initial_state=True, dtype=torch.float32)

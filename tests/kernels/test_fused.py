@@ -109,6 +109,20 @@ def test_swiglu_matches_formula(backend, shape):
                           atol=2e-6, dtype_out=torch.float32)  # fmt: skip
 
 
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_swiglu_reads_column_slices_in_place(backend):
+    """Decoding's SwiGLU: a and b the two halves of one GEMM's output ``[B, T, 2I]`` (rows 2I apart) give the
+    formula without a copy of either."""
+    torch.manual_seed(4)
+    both = torch.randn(3, 2, 2 * 37, dtype=torch.float64).float().to(DEVICE)
+    a, b = both.chunk(2, dim=-1)
+    with torch.no_grad(), recorded_copies() as copies:
+        y = swiglu(a, b, backend=backend)
+    assert copies == []
+    torch.testing.assert_close(y.double().cpu(), (a * torch.sigmoid(a) * b).double().cpu(), rtol=1e-6, atol=1e-6)
+
+
 def rms_formula(x, weight, eps):
     return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * weight
 

@@ -166,6 +166,32 @@ def test_decoding_step_advances_the_history_in_place(backend, channels, width):
         short_conv_step(x, weight, history, backend)
 
 
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group, groups, rest", [(16, 4, 37), (100, 2, 130), (24, 3, 0)])
+def test_decoding_step_normalizes_the_leading_groups(backend, dtype, group, groups, rest):
+    """``normalize=(channels, group, eps)``: the step's first ``channels`` outputs L2-normalised per group of the
+    output as stored (``l2_normalize`` of the plain step's output), the rest and the history as without it."""
+    torch.manual_seed(group + rest)
+    channels = group * groups + rest
+    with torch.no_grad():
+        wide, weight = leaf(3, 1, channels + 7).to(dtype), leaf(channels, 1, 4).to(dtype)
+        x = wide[..., 3 : 3 + channels]
+        start = leaf(3, channels, 3).to(dtype)
+        plain_history, history = start.clone(), start.clone()
+        plain = short_conv_step(x, weight, plain_history, backend)
+        y = short_conv_step(x, weight, history, backend, normalize=(group * groups, group, 1e-6))
+    keys = plain[..., : group * groups].unflatten(-1, (-1, group)).float()
+    expected = (keys * torch.rsqrt(keys.square().sum(-1, keepdim=True) + 1e-6)).to(dtype).flatten(-2)
+    tolerance = 0 if dtype == torch.float32 else 1e-2  # bf16: the fp32 sums' order may move a rounding by one ulp
+    torch.testing.assert_close(y[..., : group * groups], expected, rtol=tolerance, atol=1e-6)
+    torch.testing.assert_close(y[..., group * groups :], plain[..., group * groups :], rtol=0, atol=0)
+    torch.testing.assert_close(history, plain_history, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="argument 'normalize' must be"):
+        short_conv_step(x, weight, history, backend, normalize=(group * groups + 1, group, 1e-6))
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 @pytest.mark.parametrize("with_history", [False, True], ids=["zeros", "history"])
 def test_custom_op_registration(with_history):

@@ -32,6 +32,20 @@ def poisoned_outputs(monkeypatch):
 
 
 @pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("cell", ["gated_deltanet", "kda", "gammanet"])
+def test_matches_reference_with_wide_value_blocks(cell, monkeypatch):
+    """The launch shape for many sequences (64 value columns and 4 warps a program; here for any count), V not a
+    multiple of the block, the state in and out."""
+    monkeypatch.setattr(fused_recurrent, "MANY_PROGRAMS", 0)
+    inputs = make_inputs(cell, B=3, T=2, H=2, K=20, V=72, initial_state=True, dtype=torch.float32, seed=5)
+    inputs = {n: x.float() for n, x in inputs.items()}
+    expected = OPS[cell](**{n: x.double() for n, x in inputs.items()}, output_final_state=True, backend="reference")
+    o, final = run(cell, inputs, backend="triton")
+    assert_close(o.cpu(), expected[0], 1e-5, "output")
+    assert_close(final.cpu(), expected[1], 1e-5, "final state")
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "initial_state"])
 @pytest.mark.parametrize("T, K, V", [(1, 16, 16), (7, 20, 12), (33, 64, 40)])
 @pytest.mark.parametrize("cell", CELLS)

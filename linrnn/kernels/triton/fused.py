@@ -141,11 +141,14 @@ def gated_rms_norm_backward(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor, ep
 
 
 @triton.jit
-def _swiglu_fwd_kernel(a, b, y, n, BLOCK: tl.constexpr):
+def _swiglu_fwd_kernel(a, b, y, n, cols, a_row, b_row, BLOCK: tl.constexpr):
+    """y ``[n / cols, cols]`` contiguous from a, b rows ``a_row`` and ``b_row`` apart (column slices of one GEMM's
+    output when decoding)."""
     at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = at < n
-    av = tl.load(a + at, mask=mask, other=0).to(tl.float32)
-    bv = tl.load(b + at, mask=mask, other=0).to(tl.float32)
+    row, col = at // cols, at % cols
+    av = tl.load(a + row * a_row + col, mask=mask, other=0).to(tl.float32)
+    bv = tl.load(b + row * b_row + col, mask=mask, other=0).to(tl.float32)
     tl.store(y + at, (av * tl.sigmoid(av) * bv).to(y.dtype.element_ty), mask=mask)
 
 
@@ -162,9 +165,14 @@ def _swiglu_bwd_kernel(a, b, dy, da, db, n, BLOCK: tl.constexpr):
 
 
 def swiglu_forward(a: Tensor, b: Tensor) -> Tensor:
-    """a, b contiguous, same shape → SiLU(a) · b in a's dtype."""
+    """a, b of one shape ``[..., C]``, each contiguous or a column slice of a wider contiguous matrix (rows at one
+    stride, unit column stride) → SiLU(a) · b contiguous, in a's dtype."""
     y = new_output(a.shape, a.dtype, a.device)
-    _swiglu_fwd_kernel[(triton.cdiv(a.numel(), SWIGLU_BLOCK),)](a, b, y, a.numel(), BLOCK=SWIGLU_BLOCK)
+    cols = a.shape[-1]
+    a_rows, b_rows = (x.reshape(-1, cols) for x in (a, b))  # views for column slices: their rows keep their stride
+    _swiglu_fwd_kernel[(triton.cdiv(a.numel(), SWIGLU_BLOCK),)](
+        a_rows, b_rows, y, a.numel(), cols, a_rows.stride(0), b_rows.stride(0), BLOCK=SWIGLU_BLOCK
+    )
     return y
 
 

@@ -157,14 +157,23 @@ def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C,
 
 
 @triton.jit
-def _short_conv_step_kernel(x, weight, history, y, C, stride_b, W: tl.constexpr, BW: tl.constexpr,
-                            BC: tl.constexpr):  # fmt: skip
+def _short_conv_step_kernel(x, weight, history, y, C, stride_b, eps, NORM_C, W: tl.constexpr, BW: tl.constexpr,
+                            BC: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
     """One decoding token: ``y = SiLU(Σ_j w[j] · [history, x][j])`` and the history shifted by one, in place. Only
     this program touches its channels' history; the barrier orders every thread's reads before any thread's writes
-    (a slot is read by one thread and may be written by another)."""
+    (a slot is read by one thread and may be written by another). With ``GROUP`` > 0 the first ``NORM_C`` channels
+    (q and k) are L2-normalised in groups of ``GROUP`` (one group a program; ``y / sqrt(‖y‖² + eps)`` of y as stored,
+    what ``l2_normalize`` of the stored y gives), the rest in blocks of ``BC``."""
     block_c, b = tl.program_id(0), tl.program_id(1)
-    c = block_c * BC + tl.arange(0, BC)
-    c_in = c < C
+    if GROUP > 0:
+        groups = NORM_C // GROUP
+        normed = block_c < groups
+        start = tl.where(normed, block_c * GROUP, NORM_C + (block_c - groups) * BC)
+        end = tl.minimum(tl.where(normed, start + GROUP, start + BC), C)
+    else:
+        start, end = block_c * BC, C
+    c = start + tl.arange(0, BC)
+    c_in = c < end
     j = tl.arange(0, BW)  # history slots, oldest first; W − 1 of them are real
     j_in = j < W - 1
     spot = (b.to(tl.int64) * C + c[:, None]) * (W - 1) + j[None, :]
@@ -173,21 +182,32 @@ def _short_conv_step_kernel(x, weight, history, y, C, stride_b, W: tl.constexpr,
     token = tl.load(x + b.to(tl.int64) * stride_b + c, mask=c_in, other=0)
     last_tap = tl.load(weight + c * W + (W - 1), mask=c_in, other=0).to(tl.float32)
     pre = tl.sum(taps.to(tl.float32) * past.to(tl.float32), axis=1) + last_tap * token.to(tl.float32)
-    tl.store(y + b.to(tl.int64) * C + c, (pre * tl.sigmoid(pre)).to(y.dtype.element_ty), mask=c_in)
+    out = (pre * tl.sigmoid(pre)).to(y.dtype.element_ty)
+    if GROUP > 0:
+        stored = out.to(tl.float32)
+        rnorm = 1 / tl.sqrt(tl.sum(tl.where(c_in, stored * stored, 0), axis=0) + eps)
+        out = tl.where(normed, stored * rnorm, stored).to(y.dtype.element_ty)
+    tl.store(y + b.to(tl.int64) * C + c, out, mask=c_in)
     tl.debug_barrier()
     tl.store(history + spot - 1, past, mask=c_in[:, None] & j_in[None, :] & (j[None, :] > 0))  # slot j → j − 1
     tl.store(history + (b.to(tl.int64) * C + c) * (W - 1) + (W - 2), token.to(history.dtype.element_ty), mask=c_in)
 
 
-def short_conv_step(x: Tensor, weight: Tensor, history: Tensor) -> Tensor:
+def short_conv_step(x: Tensor, weight: Tensor, history: Tensor,
+                    normalize: tuple[int, int, float] | None = None) -> Tensor:  # fmt: skip
     """One token per row: x ``[B, 1, C]`` (unit column stride), weight ``[C, W]`` contiguous (W ≥ 2), history
-    ``[B, C, W − 1]`` contiguous, x's dtype, updated in place → SiLU(conv) ``[B, 1, C]``."""
+    ``[B, C, W − 1]`` contiguous, x's dtype, updated in place → SiLU(conv) ``[B, 1, C]``. ``normalize`` (channels,
+    group, eps): the first ``channels`` outputs L2-normalised in groups of ``group`` channels."""
     batch, _, channels = x.shape
     width = weight.shape[1]
     y = new_output((batch, 1, channels), x.dtype, x.device)
-    _short_conv_step_kernel[(triton.cdiv(channels, BLOCK_C), batch)](
-        x, weight, history, y, channels, x.stride(0), W=width, BW=triton.next_power_of_2(width - 1), BC=BLOCK_C
-    )
+    norm_channels, group, eps = normalize or (0, 0, 0.0)
+    block = max(BLOCK_C, triton.next_power_of_2(group)) if group else BLOCK_C
+    blocks = triton.cdiv(channels - norm_channels, block) + (norm_channels // group if group else 0)
+    _short_conv_step_kernel[(blocks, batch)](
+        x, weight, history, y, channels, x.stride(0), eps, norm_channels, W=width,
+        BW=triton.next_power_of_2(width - 1), BC=block, GROUP=group,
+    )  # fmt: skip
     return y
 
 
