@@ -212,13 +212,15 @@ class LanguageModel(nn.Module):
             x = x.reshape(1, -1, x.shape[-1])  # [1, B·T, D]: rows fold into one packed sequence
         new_state = []
         recompute = self.config.checkpoint_activations and torch.is_grad_enabled() and not return_state
-        # inference: each block's last residual add goes into the next norm's kernel (Block.deferred); blocks with
-        # hooks (coordinate checks) and autograd (training, compiled blocks) run whole
+        # inference: each block's last residual add goes into the next norm's kernel (Block.deferred); with
+        # autograd, under torch.compile, and for blocks with hooks (coordinate checks) or compiled in place
+        # (training's validation) the blocks run whole
         defer = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
         pending = None  # the previous block's MLP output, not yet added to x
         for i, layer in enumerate(self.layers):
             layer_state_in = None if state is None else state[i]
-            if defer and not (layer._forward_hooks or layer._forward_pre_hooks):
+            whole = layer._forward_hooks or layer._forward_pre_hooks or layer._compiled_call_impl is not None
+            if defer and not whole:
                 x, pending, layer_state = layer.deferred(x, pending, layer_state_in, return_state, documents)
                 new_state.append(layer_state)
                 continue
