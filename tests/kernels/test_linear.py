@@ -38,16 +38,17 @@ def gemv_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("dtype, rows", [(torch.bfloat16, 1), (torch.float16, 3), (torch.bfloat16, 8)])
 @pytest.mark.parametrize("columns, depth, with_bias", [(37, 100, False), (130, 64, True), (5, 1000, True)])
-@pytest.mark.parametrize("blocks", [None, (16, 32)], ids=["default", "blocked"])
+@pytest.mark.parametrize("blocks", [None, (16, 32), "wide"], ids=["default", "blocked", "wide"])
 def test_matches_the_fp64_product(gemv_calls, monkeypatch, dtype, rows, columns, depth, with_bias, blocks):
-    """``blocks``: (W rows a program, K per loop step) in place of the defaults (one row, the whole K up to 2048):
-    the last block of rows and of K part-filled."""
+    """``blocks``: (W rows a program, K per loop step) in place of the defaults (for these narrow outputs: 2 rows,
+    the whole K), or "wide": the wide outputs' shape (4 rows, K by 512): partly filled blocks of rows and of K."""
     from linrnn.kernels.triton import gemv
 
-    if blocks is not None:
+    if blocks == "wide":
+        monkeypatch.setattr(gemv, "WIDE_COLUMNS", 1)
+    elif blocks is not None:
         monkeypatch.setattr(gemv, "BLOCK_N", blocks[0])
         monkeypatch.setattr(gemv, "MAX_BLOCK_K", blocks[1])
     torch.manual_seed(rows * columns + depth)
