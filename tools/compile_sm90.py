@@ -164,9 +164,32 @@ def model_cases():
             for state_dtype in Engine.STATE_DTYPES:  # the fused recurrent kernel storing fp32 and bf16 states
                 engine = Engine(model, slots=2, cuda_graph=False, state_dtype=state_dtype)
                 engine.generate([torch.tensor([1, 2, 3, 4, 5]), torch.tensor([7, 8])], Sampling(max_new_tokens=3))
+            engine = Engine(model.bfloat16(), slots=2, cuda_graph=False)  # bf16: the matrix-vector kernel
+            engine.generate([torch.tensor([1, 2, 3, 4, 5]), torch.tensor([7, 8])], Sampling(max_new_tokens=3))
 
         yield f"{cell} model step", train_step
         yield f"{cell} decoding engine", decode
+    yield "decoding launch shapes", decoding_shapes
+
+
+def decoding_shapes():
+    """The launch shapes the tiny models do not reach: the matrix-vector kernel's wide and narrow outputs at 1 and 8
+    rows, and the fused recurrent kernel's shape for many programs."""
+    from linrnn.kernels.triton import fused_recurrent
+    from linrnn.kernels.triton.gemv import gemv
+
+    for (columns, depth), rows in [((4672, 1024), 1), ((1024, 2816), 1), ((32000, 1024), 8), ((1024, 1536), 8)]:
+        gemv(torch.randn(rows, depth, dtype=torch.bfloat16), torch.randn(columns, depth, dtype=torch.bfloat16))
+    q, k, v = (torch.randn(4, 1, 2, 128, dtype=torch.bfloat16) for _ in range(3))
+    many = fused_recurrent.MANY_PROGRAMS
+    fused_recurrent.MANY_PROGRAMS = 0
+    try:
+        for g in (torch.randn(4, 1, 2), torch.randn(4, 1, 2, 128)):
+            fused_recurrent.fused_recurrent_fwd(q, k, v, k, g, torch.rand(4, 1, 2), scale=1.0,
+                                                initial_state=torch.randn(4, 2, 128, 128),
+                                                output_final_state=True)  # fmt: skip
+    finally:
+        fused_recurrent.MANY_PROGRAMS = many
 
 
 def main() -> int:
