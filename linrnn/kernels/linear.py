@@ -28,7 +28,7 @@ def _takes_gemv(x: Tensor, weight: Tensor, bias: Tensor | None, backend: str) ->
     the weight of one 16-bit dtype, the weight contiguous and x's rows at one stride."""
     if not use_triton(x, backend) or torch.is_grad_enabled() or torch.compiler.is_compiling():
         return False
-    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype or x.is_cuda != weight.is_cuda:
+    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype or weight.device != x.device:
         return False
     if torch.is_autocast_enabled(x.device.type) or x.numel() // max(x.shape[-1], 1) > GEMV_MAX_ROWS:
         return False
