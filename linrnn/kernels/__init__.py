@@ -35,6 +35,18 @@ def heads_dense(x: Tensor) -> Tensor:
     return x if dense else x.contiguous()
 
 
+def rows_at_one_stride(x: Tensor) -> bool:
+    """Whether x's rows (every dim but the last) fold into one dim at one stride, with unit columns: a column slice
+    of a wider contiguous matrix does."""
+    if x.stride(-1) != 1:
+        return False
+    try:
+        x.view(-1, x.shape[-1])
+    except RuntimeError:  # rows at more than one stride
+        return False
+    return True
+
+
 def eager(fn):
     """``fn`` run outside torch.compile's graphs (work whose shapes depend on the data, collectives with a custom
     backward). ``torch.compiler.disable`` is applied at the first call: applying it imports torch's compiler (about a

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linrnn.kernels import heads_dense, use_triton
+from linrnn.kernels import heads_dense, rows_at_one_stride, use_triton
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None,
@@ -121,18 +121,6 @@ def _log_decay_launch(pre: Tensor, a_log: Tensor, dt_bias: Tensor, beta_pre: Ten
     return g.view(pre.shape), None if beta is None else beta.view(beta_pre.shape)
 
 
-def _rows_unit(x: Tensor) -> Tensor:
-    """x itself when its rows fold into one dim at one stride with unit columns (a column slice of a wider
-    contiguous matrix does), else a contiguous copy."""
-    if x.stride(-1) == 1:
-        try:
-            x.view(-1, x.shape[-1])
-            return x
-        except RuntimeError:  # rows at more than one stride
-            pass
-    return x.contiguous()
-
-
 def _token_rows(x: Tensor) -> tuple[Tensor, int, int]:
     """(x, rows per token, token stride) for the row kernels: ``[B, T, H, D]`` through ``heads_dense``, any other
     shape contiguous (one row per token)."""
@@ -189,7 +177,7 @@ gated_rms_norm_op.register_autograd(_norm_backward, setup_context=_norm_setup)
 def swiglu_op(a: Tensor, b: Tensor) -> Tensor:
     from linrnn.kernels.triton.fused import swiglu_forward
 
-    return swiglu_forward(_rows_unit(a), _rows_unit(b))
+    return swiglu_forward(*(x if rows_at_one_stride(x) else x.contiguous() for x in (a, b)))
 
 
 @swiglu_op.register_fake

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from linrnn.kernels import use_triton
+from linrnn.kernels import rows_at_one_stride, use_triton
 
 GEMV_MAX_ROWS = 8  # triton/gemv.py's MAX_ROWS: rows of x (tokens) up to which the matrix-vector kernel runs
 
@@ -32,13 +32,9 @@ def _takes_gemv(x: Tensor, weight: Tensor, bias: Tensor | None, backend: str) ->
         return False
     if torch.is_autocast_enabled(x.device.type) or x.numel() // max(x.shape[-1], 1) > GEMV_MAX_ROWS:
         return False
-    if not weight.is_contiguous() or x.stride(-1) != 1 or (bias is not None and not bias.is_contiguous()):
+    if not weight.is_contiguous() or (bias is not None and not bias.is_contiguous()):
         return False
-    try:
-        x.view(-1, x.shape[-1])
-    except RuntimeError:  # rows at more than one stride
-        return False
-    return x.numel() > 0
+    return rows_at_one_stride(x) and x.numel() > 0
 
 
 class Linear(nn.Linear):

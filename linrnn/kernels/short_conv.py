@@ -56,8 +56,12 @@ def short_conv_step(x: Tensor, weight: Tensor, history: Tensor, backend: str = "
         return triton_step(_columns_unit(x), _taps(weight), history, normalize)
     y = short_conv_torch(x, weight, history, None)
     history.copy_(torch.cat([history[..., 1:], x.transpose(1, 2)], dim=-1))
-    if normalize is None:
-        return y
+    return y if normalize is None else normalize_leading(y, normalize, backend)
+
+
+def normalize_leading(y: Tensor, normalize: tuple[int, int, float], backend: str = "auto") -> Tensor:
+    """y ``[..., C]`` with its first ``channels`` L2-normalised in groups of ``group`` (``normalize`` = (channels,
+    group, eps)), as ``short_conv_step``'s launch does: the paths without that launch."""
     channels, group, eps = normalize
     keys = l2_normalize(y[..., :channels].unflatten(-1, (-1, group)), eps, y.dtype, backend).flatten(-2)
     return torch.cat([keys, y[..., channels:]], dim=-1)

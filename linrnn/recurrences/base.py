@@ -30,7 +30,7 @@ from linrnn.kernels import eager
 from linrnn.kernels.context_parallel import Shard, chained_recurrence, convolve_with_halo
 from linrnn.kernels.fused import gated_rms_norm, l2_normalize
 from linrnn.kernels.linear import Linear, linear
-from linrnn.kernels.short_conv import short_conv, short_conv_step
+from linrnn.kernels.short_conv import normalize_leading, short_conv, short_conv_step
 
 
 class MixerOptions(BaseModel):
@@ -201,9 +201,7 @@ def causal_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, docume
         return short_conv_step(x, weight, history, backend, normalize), history
     y = short_conv(x, weight, history, None, backend)
     if normalize is not None:
-        channels, group, eps = normalize
-        keys = l2_normalize(y[..., :channels].unflatten(-1, (-1, group)), eps, y.dtype, backend).flatten(-2)
-        y = torch.cat([keys, y[..., channels:]], dim=-1)
+        y = normalize_leading(y, normalize, backend)
     if in_place:
         return y, history.copy_(last_inputs(x, history, keep))
     return y, last_inputs(x, history, keep)
@@ -433,7 +431,8 @@ class LinearRNNMixer(InferenceCache, nn.Module):
         return projected
 
     def short_convs(self, projected: dict[str, Tensor], history: Tensor | None, documents: Documents | None,
-                    in_place: bool) -> tuple[dict[str, Tensor], Tensor | None]:  # fmt: skip
+                    in_place: bool, normalize: tuple[int, int, float] | None = None
+                    ) -> tuple[dict[str, Tensor], Tensor | None]:  # fmt: skip
         """Every stream's causal conv + SiLU as one (``causal_conv`` over ``projected["streams"]`` with the streams'
         weights side by side; one launch each way on CUDA): ({name: ``[B, T, width]``}, the new history
         ``[B, C, W − 1]`` of all streams). Probed, each stream's ``ShortConv`` runs on its own (its hooks fire)."""
@@ -451,15 +450,16 @@ class LinearRNNMixer(InferenceCache, nn.Module):
             return {name: y for name, (y, _) in zip(names, outputs, strict=True)}, new
         weights = [conv.weight for conv in convs]
         weight = self._inference_cached("conv", weights, lambda: torch.cat(weights))
-        y, new = causal_conv(projected["streams"], weight, history, documents, backend, in_place,
-                             self._keys_normalized_in_conv(projected["streams"], in_place))  # fmt: skip
+        y, new = causal_conv(projected["streams"], weight, history, documents, backend, in_place, normalize)
         return dict(zip(names, y.split(widths, dim=-1), strict=True)), new
 
-    def _keys_normalized_in_conv(self, streams: Tensor, in_place: bool) -> tuple[int, int, float] | None:
-        """Decoding one token: q and k's L2 norm in the short conv's launch, as ``causal_conv``'s ``normalize``
-        (without RoPE, which comes between the two)."""
+    def _keys_normalized_in_conv(self, projected: dict[str, Tensor], in_place: bool) -> tuple[int, int, float] | None:
+        """Decoding one token through the streams' one conv: q and k's L2 norm in the short conv's launch, as
+        ``causal_conv``'s ``normalize`` (not with RoPE, which comes between the two)."""
         config = self.config
-        if not (in_place and streams.shape[1] == 1 and self.normalize_keys and not config.use_rope):
+        streams = projected.get("streams")  # absent when probed (each stream's conv on its own)
+        if not (config.use_short_conv and in_place and streams is not None and streams.shape[1] == 1
+                and self.normalize_keys and not config.use_rope):  # fmt: skip
             return None
         return 2 * self.num_heads * self.head_k_dim, self.head_k_dim, Q_K_NORM_EPS
 
@@ -472,13 +472,10 @@ class LinearRNNMixer(InferenceCache, nn.Module):
         position = state.position if state is not None else 0
         in_place = state is not None and state.in_place
         new_history, streams = {}, {}
-        keys_normalized = False
+        normalize = self._keys_normalized_in_conv(projected, in_place)
         if config.use_short_conv:
             convolved, new_history["streams"] = self.short_convs(projected, history.get("streams"), documents,
-                                                                 in_place)  # fmt: skip
-            keys_normalized = (
-                "streams" in projected and self._keys_normalized_in_conv(projected["streams"], in_place) is not None
-            )
+                                                                 in_place, normalize)  # fmt: skip
         else:
             convolved = {name: F.silu(projected[name]) for name in self.stream_names}
         for name, h in convolved.items():
@@ -489,7 +486,7 @@ class LinearRNNMixer(InferenceCache, nn.Module):
                 streams[name] = apply_rope(streams[name], position, config.rope_theta, positions)
         q, k, v = streams.pop("q"), streams.pop("k"), streams.pop("v")
         # the recurrence runs in v's dtype (bf16 under autocast): the L2 norms compute in fp32 and return that
-        if self.normalize_keys and not keys_normalized:
+        if self.normalize_keys and normalize is None:
             q, k = (l2_normalize(h, Q_K_NORM_EPS, v.dtype, config.backend) for h in (q, k))
         else:
             q, k = q.to(v.dtype), k.to(v.dtype)
