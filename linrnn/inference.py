@@ -182,6 +182,12 @@ class Engine:
         self.temperature = torch.zeros(slots, device=self.device)
         self.top_p = torch.ones(slots, device=self.device)
         self.next_tokens = torch.zeros(slots, **long)  # the step's output
+        # on CUDA the next step is queued before this one's tokens are read, so the host's work per step overlaps
+        # the GPU's: each step's tokens go to one of two pinned host buffers in turn
+        self._lookahead = 1 if self.device.type == "cuda" else 0
+        self._host_tokens = [torch.zeros(slots, dtype=torch.long, pin_memory=self.device.type == "cuda")
+                             for _ in range(2)]  # fmt: skip
+        self._launched = 0
         with torch.no_grad():  # the state buffers: shapes and dtypes of a real step's, zeroed
             _, state = model(self.tokens, return_state=True)
         has_kv = any(layer.kv is not None for layer in state)
@@ -221,7 +227,8 @@ class Engine:
             # the model changed since capture (an optimizer step, load_state_dict): the graphs would replay derived
             # tensors of the old weights (the projections' concatenated weight), so capture again
             self._graphs.clear()
-        waiting, active = deque(requests), {}  # active: slot -> request
+        # active: slot -> request; in_flight: launched steps whose tokens are not read yet
+        waiting, active, in_flight = deque(requests), {}, deque()
         while waiting or active:
             while waiting and len(active) < self.slots:  # a request that ends in its prefill leaves its slot free
                 free = [slot for slot in range(self.slots) if slot not in active]
@@ -243,16 +250,39 @@ class Engine:
                         active[slot] = request
             if not active:
                 continue
-            self._decode_step(greedy=all(r.sampling.temperature == 0 for r in active.values()))
-            self.tokens[:, 0].copy_(self.next_tokens)  # on the device; finished and idle slots are ignored
-            self.counters.add_(1)
-            new_tokens = self.next_tokens.tolist()  # the one device sync per step
-            for slot, request in list(active.items()):
-                token = self._accept(request, new_tokens[slot])
-                if token is not None:
-                    yield request.id, token
-                if request.finish_reason is not None:
-                    del active[slot]
+            in_flight.append(self._launch_step(active))
+            if len(in_flight) > self._lookahead:
+                yield from self._collect(in_flight.popleft(), active)
+
+    def _launch_step(self, active: dict[int, Request]) -> tuple[Tensor, torch.cuda.Event | None, dict[int, Request]]:
+        """Queues one decoding step and the copy of its tokens to the host: (host tokens, the copy's event, the
+        requests the step decodes)."""
+        self._decode_step(greedy=all(r.sampling.temperature == 0 for r in active.values()))
+        self._launched += 1
+        host = self._host_tokens[self._launched % len(self._host_tokens)]
+        host.copy_(self.next_tokens, non_blocking=self.device.type == "cuda")
+        if self.device.type != "cuda":
+            return host, None, dict(active)
+        event = torch.cuda.Event()
+        event.record()
+        return host, event, dict(active)
+
+    def _collect(self, launched: tuple[Tensor, torch.cuda.Event | None, dict[int, Request]],
+                 active: dict[int, Request]) -> Iterator[tuple[int, int]]:  # fmt: skip
+        """Waits for a launched step's tokens and gives them to the requests it decoded that are still going (a
+        request that ended at the step before was decoded once more, its slot perhaps refilled since: ignored)."""
+        host, event, decoded = launched
+        if event is not None:
+            event.synchronize()
+        new_tokens = host.tolist()
+        for slot, request in decoded.items():
+            if request.finish_reason is not None:
+                continue
+            token = self._accept(request, new_tokens[slot])
+            if token is not None:
+                yield request.id, token
+            if request.finish_reason is not None:
+                del active[slot]
 
     def _requests(self, prompts, sampling) -> list[Request]:
         if isinstance(prompts, Tensor):
@@ -342,6 +372,8 @@ class Engine:
         else:
             self.next_tokens.copy_(sample(logits[:, -1], self.temperature, self.top_k, self.top_p, self.seeds,
                                           self.counters))  # fmt: skip
+        self.tokens[:, 0].copy_(self.next_tokens)  # the next step's input; finished and idle slots are ignored
+        self.counters.add_(1)
 
     @torch.no_grad()
     def _decode_step(self, greedy: bool) -> None:
@@ -352,7 +384,7 @@ class Engine:
             # KV caches need no undo: the warm-up writes each slot's entry at its position, which the step rewrites
             recurrences = [b for b in self.states if b.kv is None]
             saved = [(b.recurrent.clone(), {k: v.clone() for k, v in b.conv.items()}) for b in recurrences]
-            position = self.positions.clone()
+            position, tokens, counters = self.positions.clone(), self.tokens.clone(), self.counters.clone()
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -363,6 +395,8 @@ class Engine:
                 for name, history in conv.items():
                     buffer.conv[name].copy_(history)
             self.positions.copy_(position)
+            self.tokens.copy_(tokens)
+            self.counters.copy_(counters)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 self._step(greedy)

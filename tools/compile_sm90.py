@@ -174,12 +174,23 @@ def model_cases():
 
 def decoding_shapes():
     """The launch shapes the tiny models do not reach: the matrix-vector kernel's wide and narrow outputs at 1 and 8
-    rows, and the fused recurrent kernel's shape for many programs."""
+    rows, with each fused input at the 340M model's shapes, and the fused recurrent kernel's shape for many
+    programs."""
     from linrnn.kernels.triton import fused_recurrent
-    from linrnn.kernels.triton.gemv import gemv
+    from linrnn.kernels.triton.gemv import gemv, gemv_gated_rms_normed, gemv_rms_normed, gemv_swiglu
+
+    def bf16(*shape):
+        return torch.randn(*shape, dtype=torch.bfloat16)
 
     for (columns, depth), rows in [((4672, 1024), 1), ((1024, 2816), 1), ((32000, 1024), 8), ((1024, 1536), 8)]:
-        gemv(torch.randn(rows, depth, dtype=torch.bfloat16), torch.randn(columns, depth, dtype=torch.bfloat16))
+        gemv(bf16(rows, depth), bf16(columns, depth))
+    for rows in (1, 8):
+        for delta in (None, bf16(rows, 1024)):
+            gemv_rms_normed(bf16(rows, 1024), delta, bf16(1024), 1e-6, bf16(4672, 1024))  # the mixer's projection
+        gemv_rms_normed(bf16(rows, 1024), bf16(rows, 1024), bf16(1024), 1e-6, bf16(5632, 1024))  # gate + up
+        for sigmoid in (False, True):
+            gemv_gated_rms_normed(bf16(rows, 1536), bf16(rows, 1536), bf16(256), 1e-6, sigmoid, bf16(1024, 1536))
+        gemv_swiglu(bf16(rows, 5632), bf16(1024, 2816))
     q, k, v = (torch.randn(4, 1, 2, 128, dtype=torch.bfloat16) for _ in range(3))
     many = fused_recurrent.MANY_PROGRAMS
     fused_recurrent.MANY_PROGRAMS = 0

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from linrnn.errors import UsageError, one_line
 from linrnn.kernels.fused import rms_norm, swiglu
-from linrnn.kernels.linear import Linear, linear
+from linrnn.kernels.linear import FusedInput, Linear, RMSNormed, SwiGLUed, fusing_inputs, linear
 from linrnn.kernels.validation import describe
 from linrnn.models.config import ModelConfig, model_config
 from linrnn.models.folders import read_json, safetensors_files
@@ -25,7 +25,8 @@ from linrnn.recurrences.registry import build_mixer
 
 class SwiGLU(InferenceCache, nn.Module):
     """``down(SiLU(gate(x)) · up(x))``; ``backend`` as the mixers' (``linrnn.kernels.fused.swiglu``). Without autograd
-    (decoding, evaluation) gate and up run as one GEMM over their weights concatenated once and kept."""
+    (decoding, evaluation) gate and up run as one GEMM over their weights concatenated once and kept, and the down
+    projection takes the SwiGLU product as a fused input (``linrnn.kernels.linear``); x may be one too."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, backend: str = "auto"):
         super().__init__()
@@ -35,13 +36,13 @@ class SwiGLU(InferenceCache, nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False, backend=backend)
 
-    def forward(self, x: Tensor) -> Tensor:
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+    def forward(self, x: Tensor | FusedInput) -> Tensor:
+        if not fusing_inputs():
             return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.backend))
         weights = [self.gate_proj.weight, self.up_proj.weight]
         weight = self._inference_cached("gate_up", weights, lambda: torch.cat(weights))
-        gate, up = linear(x, weight, None, self.backend).chunk(2, dim=-1)
-        return self.down_proj(swiglu(gate, up, self.backend))
+        both = linear(x, weight, None, self.backend)  # [..., 2 · intermediate]: gate, then up
+        return self.down_proj(SwiGLUed(both, self.backend))
 
     def local_param_roles(self) -> dict[str, str]:
         return {f"{name}.weight": "hidden" for name in ("gate_proj", "up_proj", "down_proj")}
@@ -58,6 +59,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor, delta: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         return rms_norm(x, self.weight, self.eps, delta, self.backend)
+
+    def fused_input(self, x: Tensor, delta: Tensor | None = None) -> RMSNormed:
+        """``forward(x, delta)`` left to the next product's kernel (``linrnn.kernels.linear.RMSNormed``)."""
+        return RMSNormed(x, self.weight, self.eps, delta, self.backend)
 
 
 class Block(nn.Module):
@@ -79,7 +84,14 @@ class Block(nn.Module):
                  documents: Documents | None = None) -> tuple[Tensor, Tensor, MixerState | None]:  # fmt: skip
         """``forward`` with the residual adds left to the norms' kernels: ``pending`` (the previous block's MLP
         output, or None) is added to x by the first norm, and this block's MLP output is returned unadded, as
-        (x + pending + mixer output, MLP output, state)."""
+        (x + pending + mixer output, MLP output, state). Where the mixer takes fused inputs (the recurrent mixers)
+        and ``fusing_inputs()``, each add + norm is left to the next product's kernel."""
+        if fusing_inputs() and getattr(self.mixer, "takes_fused_input", False):
+            normed = self.mixer_norm.fused_input(x, pending)
+            mixed, state = self.mixer(normed, state, output_state, documents)
+            normed = self.mlp_norm.fused_input(normed.total, mixed)
+            mlp_out = self.mlp(normed)  # first: its product computes normed.total
+            return normed.total, mlp_out, state
         if pending is None:
             normed = self.mixer_norm(x)
         else:

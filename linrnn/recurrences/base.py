@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from linrnn.kernels import eager
 from linrnn.kernels.context_parallel import Shard, chained_recurrence, convolve_with_halo
 from linrnn.kernels.fused import gated_rms_norm, l2_normalize
-from linrnn.kernels.linear import Linear, linear
+from linrnn.kernels.linear import FusedInput, GatedRMSNormed, Linear, fusing_inputs, linear
 from linrnn.kernels.short_conv import normalize_leading, short_conv, short_conv_step
 
 
@@ -239,6 +239,11 @@ class GatedRMSNorm(nn.Module):
         """x, gate ``[B, T, H, D]`` → ``[B, T, H, D]`` in x's dtype; ``backend`` is the mixer's."""
         return gated_rms_norm(x, gate, self.weight, self.eps, backend, self.gate)
 
+    def fused_input(self, x: Tensor, gate: Tensor, backend: str = "auto") -> GatedRMSNormed:
+        """``forward`` as the ``[B, T, H · D]`` input of the next product, left to its kernel
+        (``linrnn.kernels.linear.GatedRMSNormed``)."""
+        return GatedRMSNormed(x, gate, self.weight, self.eps, self.gate, backend)
+
 
 def _concatenated(linears: list[nn.Linear], padding: int) -> tuple[Tensor, Tensor | None]:
     """The weights (and biases, zero where absent) of ``linears`` stacked, then ``padding`` zero rows."""
@@ -318,6 +323,7 @@ class LinearRNNMixer(InferenceCache, nn.Module):
     extra_key_streams: tuple[str, ...] = ()  # e.g. ("a",): projected, convolved and L2-normed like k
     gate_inputs: tuple[str, ...] = ()  # the cell's projections of x (``<name>_proj``), in the layer's one GEMM
     normalize_keys: bool = True  # L2-normalise q and k (Mamba-2's C and B are not)
+    takes_fused_input = True  # x may be a linrnn.kernels.linear.FusedInput (the block's add + norm, decoding)
     scale: float | None = None  # the op's query scale (None: K ** -0.5)
 
     def __init__(self, config: MixerConfig):
@@ -399,7 +405,7 @@ class LinearRNNMixer(InferenceCache, nn.Module):
         names = (*self.stream_names, "g", *self.gate_inputs)
         return {name: getattr(self, f"{name}_proj") for name in names}
 
-    def project(self, x: Tensor) -> dict[str, Tensor]:
+    def project(self, x: Tensor | FusedInput) -> dict[str, Tensor]:
         """{name: projection of x ``[B, T, width]``} for ``input_projections``, as one GEMM over the concatenated
         weights (x is read once, and its gradient is one GEMM), plus ``"streams"``: the columns of all the streams
         (q, k, v, extra keys; they come first), which the short conv reads as one block. The GEMM's width is padded
@@ -409,6 +415,7 @@ class LinearRNNMixer(InferenceCache, nn.Module):
         there is no ``"streams"`` block."""
         projections = self.input_projections()
         if self.probes is not None:
+            x = x.compute() if isinstance(x, FusedInput) else x
             return {name: module(x) for name, module in projections.items()}
         first = {name: module[0] if isinstance(module, nn.Sequential) else module
                  for name, module in projections.items()}  # fmt: skip
@@ -495,11 +502,11 @@ class LinearRNNMixer(InferenceCache, nn.Module):
         extra = {name: l2_normalize(h, 1e-12, v.dtype, config.backend) for name, h in streams.items()}
         return q, k, v, extra, new_history
 
-    def forward(self, x: Tensor, state: MixerState | None = None, output_state: bool = False,
+    def forward(self, x: Tensor | FusedInput, state: MixerState | None = None, output_state: bool = False,
                 documents: Documents | None = None):  # fmt: skip
-        """x ``[B, T, hidden]`` → (y ``[B, T, hidden]``, new MixerState or None). With ``documents`` (B = 1),
-        the recurrence and the short convs restart at each document start, and the new state has a row per
-        document."""
+        """x ``[B, T, hidden]`` (or the block's norm left to the projection's kernel: ``takes_fused_input``) →
+        (y ``[B, T, hidden]``, new MixerState or None). With ``documents`` (B = 1), the recurrence and the short
+        convs restart at each document start, and the new state has a row per document."""
         projected = self.project(x)
         q, k, v, extra, new_history = self.streams(projected, state, documents)
         position = state.position if state is not None else 0
@@ -535,7 +542,10 @@ class LinearRNNMixer(InferenceCache, nn.Module):
             o = o * self.config.output_multiplier
         if self.probes is not None:  # coordinate check: what the recurrence saw and returned
             self.probes.update(gates, q=q, o=o, state=recurrent)
-        y = self.o_proj(rearrange(self.o_norm(o, gate, self.config.backend), "b t h d -> b t (h d)"))
+        if fusing_inputs() and self.probes is None:  # decoding: the norm in the output projection's kernel
+            y = self.o_proj(self.o_norm.fused_input(o, gate, self.config.backend))
+        else:
+            y = self.o_proj(rearrange(self.o_norm(o, gate, self.config.backend), "b t h d -> b t (h d)"))
         if in_place:  # the short convs and the recurrence have written into state's buffers
             return y, state
         if not output_state:

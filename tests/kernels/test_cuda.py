@@ -94,18 +94,23 @@ def test_model_decode_on_cuda(cell, monkeypatch):
 
 
 @pytest.mark.parametrize("cell", ["gated_deltanet", "kda", "gammanet"])
-def test_bf16_decode_through_the_matrix_vector_kernel(cell, monkeypatch):
-    """A bf16 model decoding on CUDA runs its projections, MLP and readout through ``linrnn.kernels.linear``'s
-    matrix-vector kernel: the logits of 12 steps equal those with ``F.linear`` (cuBLAS) in its place, up to the
-    order of the fp32 sums (bf16 rounding of the outputs, carried through 2 layers)."""
+@pytest.mark.parametrize("head_v_dim", [48, 64])
+def test_bf16_decode_through_the_matrix_vector_kernel(cell, head_v_dim, monkeypatch):
+    """A bf16 model decoding on CUDA runs its products through ``linrnn.kernels.linear``'s matrix-vector kernel,
+    each with the elementwise step before it in the kernel's prologue — the block's add + RMSNorm into the mixer's
+    projection and into gate + up, SwiGLU into down, and the gated output norm into o_proj where its head width is
+    a power of two (64; at 48 that norm runs on its own): the logits of 12 steps equal those with every step on its
+    own and ``F.linear`` (cuBLAS), up to the order of the fp32 sums and the bf16 roundings the fused steps skip
+    (carried through 2 layers)."""
     from linrnn.kernels import linear as linear_module
     from linrnn.kernels.triton import gemv
 
-    calls = []
-    kernel = gemv.gemv
-    monkeypatch.setattr(gemv, "gemv", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    kinds = []
+    launch = gemv._launch
+    monkeypatch.setattr(gemv, "_launch", lambda *a, **k: kinds.append(k.get("prologue", gemv.NONE).value)
+                        or launch(*a, **k))  # fmt: skip
     torch.manual_seed(0)
-    model = linrnn.build_model(cell).cuda().bfloat16().eval()
+    model = linrnn.build_model(cell, head_v_dim=head_v_dim).cuda().bfloat16().eval()
     ids = torch.randint(0, 256, (2, 12), device="cuda")
 
     def decode():
@@ -117,8 +122,10 @@ def test_bf16_decode_through_the_matrix_vector_kernel(cell, monkeypatch):
         return torch.cat(steps, 1)
 
     through_kernel = decode()
-    # per step and layer: the mixer's projection, o_proj, gate_up and down, and the readout
-    assert len(calls) == ids.shape[1] * (4 * model.config.num_layers + 1)
+    output_norm = gemv.GATED_RMS_NORM if head_v_dim == 64 else gemv.NONE
+    layer = [gemv.RMS_NORM, output_norm, gemv.RMS_NORM, gemv.SWIGLU]  # projection, o_proj, gate + up, down
+    step = [kind.value for kind in layer * model.config.num_layers + [gemv.NONE]]  # ... and the readout
+    assert kinds == step * ids.shape[1]
     monkeypatch.setattr(linear_module, "_takes_gemv", lambda *a: False)
     torch.testing.assert_close(through_kernel, decode(), rtol=2e-2, atol=2e-2)
 

@@ -51,6 +51,7 @@ def test_engine_on_the_triton_kernels(cell):
     model = linrnn.build_model(cell, preset="byte-tiny", num_layers=1, backend="triton").to(device)
     batch = [p.to(device) for p in prompts(5, 3)]
     engine = Engine(model, slots=2, cuda_graph=False)
+    engine._lookahead = 0  # the slots' states are read after the run: no step queued past the last token
     requests = engine.generate(batch, Sampling(max_new_tokens=4, temperature=0))
     for slot, (prompt, request) in enumerate(zip(batch, requests, strict=True)):
         sequence = torch.cat([prompt, torch.tensor(request.tokens, device=device)])
@@ -78,6 +79,29 @@ def test_a_batch_and_refilled_slots_give_each_request_its_own_tokens(cell, optio
     alone = [Engine(model, slots=1).generate([p], [s])[0] for p, s in zip(batch, settings, strict=True)]
     assert [r.tokens for r in together] == [r.tokens for r in alone] == [r.tokens for r in packed]
     assert [len(r.tokens) for r in together] == [4, 7, 2, 6, 3]
+
+
+@pytest.mark.parametrize("cell", ["gated_deltanet", "attention"])
+def test_a_step_queued_ahead_gives_the_same_tokens(cell):
+    """On CUDA the engine queues step t + 1 before it reads step t's tokens, so a request that ended at step t is
+    decoded once more and its slot may be refilled before that step's tokens are read. Forced here on the CPU:
+    requests ending by stop token and by length through refilled slots, greedy and sampled, get the tokens of the
+    engine that reads every step before the next."""
+    model = tiny(cell)
+    batch = prompts(3, 9, 1, 5, 12, 4)
+    greedy = [r.tokens for r in Engine(model, slots=1).generate(batch, Sampling(max_new_tokens=9, temperature=0))]
+    settings = [Sampling(max_new_tokens=9, temperature=0, stop_tokens=(greedy[0][2],)),
+                Sampling(max_new_tokens=5, temperature=0.8, seed=2),
+                Sampling(max_new_tokens=9, temperature=0, stop_tokens=(greedy[2][0],)),
+                Sampling(max_new_tokens=9, temperature=0, stop_tokens=(greedy[3][4],)),
+                Sampling(max_new_tokens=3, temperature=1.1, top_k=9, seed=5),
+                Sampling(max_new_tokens=7, temperature=0)]  # fmt: skip
+    at_once = Engine(model, slots=2).generate(batch, settings)
+    ahead = Engine(model, slots=2)
+    ahead._lookahead = 1
+    queued = ahead.generate(batch, settings)
+    assert [(r.tokens, r.finish_reason) for r in queued] == [(r.tokens, r.finish_reason) for r in at_once]
+    assert {r.finish_reason for r in queued} == {"stop", "length"}
 
 
 def test_stream_yields_tokens_as_they_come():
