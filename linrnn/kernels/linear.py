@@ -9,6 +9,8 @@ does that step as it reads x, one launch for both; on any other path the step ru
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -24,6 +26,24 @@ def fusing_inputs() -> bool:
     """Whether a model builds fused inputs for ``linear``: no autograd (their backward is not written) and not under
     torch.compile (which fuses on its own)."""
     return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
+@dataclass
+class MambaGateColumns:
+    """Columns of a product that are the pre-activations of a Mamba-style decay (``[decay_start, decay_start +
+    len(dt_bias))``, ``a_log`` per group of ``len(dt_bias) / len(a_log)`` of them, ``dt_bias`` per column) and of a
+    write strength (``[beta_start, beta_start + beta_columns)``): ``linear`` sets ``g`` and ``beta`` (fp32, the
+    product's leading dims) where the matrix-vector kernel computes them with the product, as ``fused.mamba_gates``
+    would from it; they stay None otherwise."""
+
+    decay_start: int
+    a_log: Tensor
+    dt_bias: Tensor
+    beta_start: int
+    beta_columns: int
+    beta_scale: float = 1.0
+    g: Tensor | None = None
+    beta: Tensor | None = None
 
 
 class FusedInput:
@@ -49,8 +69,9 @@ class FusedInput:
         """The input as a tensor ``[..., width]``, by its own kernel."""
         raise NotImplementedError
 
-    def gemv(self, rows: int, weight: Tensor, bias: Tensor | None) -> Tensor | None:
-        """The product ``[rows, N]`` by one matrix-vector launch, or None where the kernel cannot do the step."""
+    def gemv(self, rows: int, weight: Tensor, bias: Tensor | None, gates: MambaGateColumns | None) -> Tensor | None:
+        """The product ``[rows, N]`` by one matrix-vector launch (``gates``: theirs too), or None where the kernel
+        cannot do the step."""
         raise NotImplementedError
 
 
@@ -78,14 +99,14 @@ class RMSNormed(FusedInput):
         normed, self._total = rms_norm(self.source, self.weight, self.eps, self.delta, self.backend)
         return normed
 
-    def gemv(self, rows: int, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    def gemv(self, rows: int, weight: Tensor, bias: Tensor | None, gates: MambaGateColumns | None) -> Tensor | None:
         from linrnn.kernels.triton.gemv import gemv_rms_normed
 
         delta = self.delta
         if delta is not None and (delta.dtype != self.dtype or not rows_at_one_stride(delta)):
             return None
         flat = (t.reshape(rows, self.width) for t in (self.source, delta) if t is not None)
-        y, total = gemv_rms_normed(next(flat), next(flat, None), self.weight, self.eps, weight, bias)
+        y, total = gemv_rms_normed(next(flat), next(flat, None), self.weight, self.eps, weight, bias, gates)
         if total is not None:
             self._total = total.view(self.source.shape)
         return y
@@ -110,7 +131,7 @@ class GatedRMSNormed(FusedInput):
     def compute(self) -> Tensor:
         return gated_rms_norm(self.x, self.z, self.weight, self.eps, self.backend, self.gate).flatten(-2)
 
-    def gemv(self, rows: int, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    def gemv(self, rows: int, weight: Tensor, bias: Tensor | None, gates: MambaGateColumns | None) -> Tensor | None:
         from linrnn.kernels.triton.gemv import gemv_gated_rms_normed
 
         group = self.x.shape[-1]
@@ -120,7 +141,7 @@ class GatedRMSNormed(FusedInput):
         if not rows_at_one_stride(self.source) or not rows_at_one_stride(z) or not self.weight.is_contiguous():
             return None
         return gemv_gated_rms_normed(self.source.reshape(rows, self.width), z.reshape(rows, self.width), self.weight,
-                                     self.eps, self.gate == "sigmoid", weight, bias)  # fmt: skip
+                                     self.eps, self.gate == "sigmoid", weight, bias, gates)  # fmt: skip
 
 
 class SwiGLUed(FusedInput):
@@ -134,27 +155,37 @@ class SwiGLUed(FusedInput):
     def compute(self) -> Tensor:
         return swiglu(*self.source.chunk(2, dim=-1), self.backend)
 
-    def gemv(self, rows: int, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    def gemv(self, rows: int, weight: Tensor, bias: Tensor | None, gates: MambaGateColumns | None) -> Tensor | None:
         from linrnn.kernels.triton.gemv import gemv_swiglu
 
-        return gemv_swiglu(self.source.reshape(rows, 2 * self.width), weight, bias)
+        return gemv_swiglu(self.source.reshape(rows, 2 * self.width), weight, bias, gates)
 
 
-def linear(x: Tensor | FusedInput, weight: Tensor, bias: Tensor | None = None, backend: str = "auto") -> Tensor:
-    """``F.linear(x, weight, bias)``; ``backend`` as the mixers' (``linrnn.kernels.use_triton``)."""
+def linear(x: Tensor | FusedInput, weight: Tensor, bias: Tensor | None = None, backend: str = "auto",
+           gates: MambaGateColumns | None = None) -> Tensor:  # fmt: skip
+    """``F.linear(x, weight, bias)``; ``backend`` as the mixers' (``linrnn.kernels.use_triton``). ``gates``: where the
+    matrix-vector kernel runs, it also computes the gates of those output columns (``gates.g`` and ``gates.beta``
+    ``[..., columns]`` fp32, left None otherwise: the caller computes them from the product)."""
     if isinstance(x, FusedInput):
         if _takes_gemv(x.source, weight, bias, backend):
             rows = x.source.numel() // x.source.shape[-1]
-            y = x.gemv(rows, weight, bias)
+            y = x.gemv(rows, weight, bias, gates)
             if y is not None:
-                return y.view(*x.shape[:-1], weight.shape[0])
+                return _shaped(y, x.shape, gates)
         x = x.compute()  # the step on its own, then the product
     if _takes_gemv(x, weight, bias, backend):
         from linrnn.kernels.triton.gemv import gemv
 
         rows = x.reshape(-1, x.shape[-1])  # a view: x's rows are at one stride (checked)
-        return gemv(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        return _shaped(gemv(rows, weight, bias, gates=gates), x.shape, gates)
     return F.linear(x, weight, bias)
+
+
+def _shaped(y: Tensor, shape: torch.Size, gates: MambaGateColumns | None) -> Tensor:
+    """The kernel's ``[rows, N]`` outputs (and the gates') with x's leading dims."""
+    if gates is not None:
+        gates.g, gates.beta = (t.view(*shape[:-1], t.shape[-1]) for t in (gates.g, gates.beta))
+    return y.view(*shape[:-1], y.shape[-1])
 
 
 def _takes_gemv(x: Tensor, weight: Tensor, bias: Tensor | None, backend: str) -> bool:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from linrnn.kernels import eager
 from linrnn.kernels.context_parallel import Shard, chained_recurrence, convolve_with_halo
 from linrnn.kernels.fused import gated_rms_norm, l2_normalize
-from linrnn.kernels.linear import FusedInput, GatedRMSNormed, Linear, fusing_inputs, linear
+from linrnn.kernels.linear import FusedInput, GatedRMSNormed, Linear, MambaGateColumns, fusing_inputs, linear
 from linrnn.kernels.short_conv import normalize_leading, short_conv, short_conv_step
 
 
@@ -379,6 +379,12 @@ class LinearRNNMixer(InferenceCache, nn.Module):
         ``projected`` holds the layer input's projections (``project``), e.g. ``projected["b"]`` = ``b_proj(x)``."""
         raise NotImplementedError
 
+    def gate_columns(self, columns: dict[str, tuple[int, int]]) -> MambaGateColumns | None:
+        """Gates the projection's kernel may compute beside it when decoding (``linear``'s ``gates``), given each
+        projection's (first column, width) in the one product: None (default), or the cell's Mamba-style decay and
+        β; ``gates`` then finds them as ``projected["mamba_gates"]`` where the kernel did."""
+        return None
+
     def erase_direction(self, k: Tensor, extra: dict[str, Tensor]) -> Tensor | None:
         """The unit erase direction ``[B, T, H, K]`` of the recurrence (from the cell's structure): k for a tied
         erase, the first extra key stream for a decoupled one, None without erase."""
@@ -427,11 +433,15 @@ class LinearRNNMixer(InferenceCache, nn.Module):
         # one split of the GEMM's output (the streams as one block) and the streams as views of that block, so the
         # backward concatenates the block's gradient (from the conv) with the rest once
         streams = len(self.stream_names)
-        projected = linear(x, weight, bias, self.config.backend)
+        starts = [sum(widths[:i]) for i in range(len(widths))]
+        gates = self.gate_columns(dict(zip(first, zip(starts, widths)))) if fusing_inputs() else None
+        projected = linear(x, weight, bias, self.config.backend, gates)
         block, *rest = projected.split([sum(widths[:streams]), *widths[streams:], padding], dim=-1)
         outputs = [*block.split(widths[:streams], dim=-1), *rest[: len(widths) - streams]]
         projected = dict(zip(first, outputs, strict=True))
         projected["streams"] = block
+        if gates is not None and gates.g is not None:
+            projected["mamba_gates"] = {"g": gates.g, "beta": gates.beta}
         for name, module in projections.items():
             if isinstance(module, nn.Sequential):
                 projected[name] = module[1:](projected[name])

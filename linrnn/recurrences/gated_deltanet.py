@@ -10,6 +10,7 @@ from torch import nn
 
 from linrnn.kernels import ops
 from linrnn.kernels.fused import mamba_gates
+from linrnn.kernels.linear import MambaGateColumns
 from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params
 from linrnn.recurrences.registry import CellSpec, register_cell
 
@@ -24,7 +25,13 @@ class GatedDeltaNet(LinearRNNMixer):
         self.b_proj = nn.Linear(config.hidden_size, heads, bias=False)  # W_β
         self.A_log, self.dt_bias = mamba_decay_params(heads, heads)
 
+    def gate_columns(self, columns):
+        (decay_start, _), (beta_start, heads) = columns["f"], columns["b"]
+        return MambaGateColumns(decay_start, self.A_log, self.dt_bias, beta_start, heads, self.beta_scale)
+
     def gates(self, projected, k, extra):
+        if "mamba_gates" in projected:  # decoding: from the projection's kernel
+            return projected["mamba_gates"]
         g, beta = mamba_gates(projected["f"], self.A_log, self.dt_bias, projected["b"], self.beta_scale,
                               self.config.backend)  # fmt: skip
         return {"g": g, "beta": beta}  # [B, T, H] each

@@ -201,3 +201,41 @@ def test_fused_input_errors():
         RMSNormed(torch.zeros(2, 4), torch.ones(4), 1e-6, torch.zeros(2, 3))
     with pytest.raises(ValueError, match="'both' must have an even last dim, got \\[2, 5\\]"):
         SwiGLUed(torch.zeros(2, 5))
+
+
+@pytest.mark.parametrize("rows, fused", [(1, False), (3, True), (8, False)])
+def test_gate_columns_equal_the_gates_kernel_on_the_product(gemv_calls, rows, fused):
+    """``MambaGateColumns``: g and β from the kernel's epilogue equal ``fused.mamba_gates`` on the product it
+    stored, bit for bit (the same rounding and math), at odd column offsets, through the plain and the RMS-normed
+    launch; the product is unchanged by the epilogue."""
+    from linrnn.kernels.fused import mamba_gates
+    from linrnn.kernels.linear import MambaGateColumns
+
+    torch.manual_seed(rows)
+    heads, columns, depth = 3, 41, 70
+    weight = (3 * torch.randn(columns, depth) / depth**0.5).to(DEVICE, torch.bfloat16)
+    x = torch.randn(rows, 1, depth).to(DEVICE, torch.bfloat16)
+    a_log, dt_bias = torch.rand(heads).log().to(DEVICE), torch.randn(heads).to(DEVICE)
+
+    def gates():
+        return MambaGateColumns(decay_start=29, a_log=a_log, dt_bias=dt_bias, beta_start=7, beta_columns=heads,
+                                beta_scale=2.0)  # fmt: skip
+
+    def product(columns):
+        source = RMSNormed(x, torch.ones(depth, device=DEVICE), 1e-6, backend="triton") if fused else x
+        with torch.no_grad():
+            return linear(source, weight, backend="triton", gates=columns)
+
+    with_gates = gates()
+    y = product(with_gates)
+    assert gemv_calls == [(rows, columns)]
+    torch.testing.assert_close(y, product(None), rtol=0, atol=0)
+    with torch.no_grad():
+        g, beta = mamba_gates(y[..., 29:32], a_log, dt_bias, y[..., 7:10], 2.0, backend="triton")
+    assert with_gates.g.shape == with_gates.beta.shape == (rows, 1, heads)
+    torch.testing.assert_close(with_gates.g, g, rtol=0, atol=0)
+    torch.testing.assert_close(with_gates.beta, beta, rtol=0, atol=0)
+    off_the_kernel = gates()
+    with torch.no_grad():
+        linear(x.float(), weight.float(), backend="triton", gates=off_the_kernel)  # fp32: F.linear
+    assert off_the_kernel.g is None and off_the_kernel.beta is None

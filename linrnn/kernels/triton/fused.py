@@ -318,20 +318,30 @@ def _log_decay_kernel(pre, a_log, dt_bias, g, beta_pre, beta, n_rows, row_stride
         b_at, b_mask = _row_offsets(row0, n_rows, 1, beta_row_stride, DB, BR, BDB)
         b_out, _ = _row_offsets(row0, n_rows, 1, DB, DB, BR, BDB)
         z = tl.load(beta_pre + b_at, mask=b_mask, other=0).to(tl.float32)
-        e = _exp_nonpositive(-tl.abs(z))  # sigmoid(z) = 1 / (1 + e^−z) for z ≥ 0, e^z / (1 + e^z) below
-        tl.store(beta + b_out, BETA_SCALE * tl.where(z >= 0, 1 / (1 + e), e / (1 + e)), mask=b_mask)
+        tl.store(beta + b_out, BETA_SCALE * sigmoid_fp32(z), mask=b_mask)
     pre_at, mask = _row_offsets(row0, n_rows, 1, row_stride, D, BR, BD)
     g_at, _ = _row_offsets(row0, n_rows, 1, D, D, BR, BD)
     cols = tl.arange(0, BD)
     x = tl.load(pre + pre_at, mask=mask, other=0).to(tl.float32)
     x += tl.load(dt_bias + cols, mask=cols < D, other=0).to(tl.float32)[None, :]
-    # softplus(x) = max(x, 0) + log1p(exp(−|x|)); log1p(y) = log(u) · y / (u − 1) with u = 1 + y rounded (exact to
-    # the last bit where u − 1 loses y's low bits, y itself where u rounds to 1)
+    rate = tl.exp(tl.load(a_log + cols // GROUP, mask=cols < D, other=0).to(tl.float32))
+    tl.store(g + g_at, -rate[None, :] * softplus_fp32(x), mask=mask)
+
+
+@triton.jit
+def sigmoid_fp32(z):
+    """``sigmoid(z)`` = 1 / (1 + e^−z) for z ≥ 0, e^z / (1 + e^z) below (no overflow, full fp32 accuracy)."""
+    e = _exp_nonpositive(-tl.abs(z))
+    return tl.where(z >= 0, 1 / (1 + e), e / (1 + e))
+
+
+@triton.jit
+def softplus_fp32(x):
+    """``softplus(x) = max(x, 0) + log1p(exp(−|x|))``; log1p(y) = log(u) · y / (u − 1) with u = 1 + y rounded (exact
+    to the last bit where u − 1 loses y's low bits, y itself where u rounds to 1)."""
     y = _exp_nonpositive(-tl.abs(x))
     u = 1 + y
-    log1p = tl.where(u == 1, y, tl.log(u) * (y / (u - 1)))
-    rate = tl.exp(tl.load(a_log + cols // GROUP, mask=cols < D, other=0).to(tl.float32))
-    tl.store(g + g_at, -rate[None, :] * (tl.maximum(x, 0) + log1p), mask=mask)
+    return tl.maximum(x, 0) + tl.where(u == 1, y, tl.log(u) * (y / (u - 1)))
 
 
 @triton.jit

@@ -17,15 +17,27 @@ most ``MAX_ROWS``); the sums are fp32.
 - ``SWIGLU``: ``SiLU(a) · b`` for x's row ``[a | b]`` of 2K columns.
 
 Every program computes ``f`` of the whole x row for itself (a few KiB from L2), which costs less than a launch.
+
+``gates`` (``linear.MambaGateColumns``): some output columns are the pre-activations of a Mamba-style decay and of a write strength
+β (Gated DeltaNet's ``W_α x`` and ``W_β x`` inside its one projection); the programs that own them also store
+``g = −exp(A_log) · softplus(y + dt_bias)`` and ``β = scale · sigmoid(y)`` (fp32) from the stored (rounded) y, as
+``fused.mamba_gates`` would from the product.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from linrnn.kernels.triton import new_output
+from linrnn.kernels.triton.fused import sigmoid_fp32, softplus_fp32
+
+if TYPE_CHECKING:
+    from linrnn.kernels.linear import MambaGateColumns
 
 MAX_ROWS = 8  # beyond this, cuBLAS's GEMM kernels are the faster choice (RESULTS.md)
 BLOCK_N = None  # W rows a program (None: by the output's width, below)
@@ -75,8 +87,10 @@ def _input_block(x, m, k, mask, x_row, aux, aux_row, norm_w, total, K, eps, firs
 
 @triton.jit
 def _gemv_kernel(x, w, b, y, M, N, K, x_row, y_row, aux, aux_row, norm_w, total, eps,
+                 a_log, dt_bias, g, beta, decay_start, decay_columns, beta_start, beta_columns, beta_scale,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr, GROUP: tl.constexpr, SIGMOID: tl.constexpr):  # fmt: skip
+                 PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr, GROUP: tl.constexpr, SIGMOID: tl.constexpr,
+                 GATES: tl.constexpr, DECAY_GROUP: tl.constexpr):  # fmt: skip
     """Products summed elementwise over the K blocks and reduced once at the end: no cross-thread reduction
     inside the loop, so a block's loads are not held up behind the previous block's sum."""
     n = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -99,46 +113,63 @@ def _gemv_kernel(x, w, b, y, M, N, K, x_row, y_row, aux, aux_row, norm_w, total,
         out *= (1 / tl.sqrt(tl.sum(squares, axis=1) / K + eps))[:, None]
     if HAS_BIAS:
         out += tl.load(b + n, mask=n_in, other=0).to(tl.float32)[None, :]
-    tl.store(y + m[:, None] * y_row + n[None, :], out.to(y.dtype.element_ty), mask=m_in[:, None] & n_in[None, :])
+    out = out.to(y.dtype.element_ty)
+    tl.store(y + m[:, None] * y_row + n[None, :], out, mask=m_in[:, None] & n_in[None, :])
+    if GATES:  # from the product as stored, as the gates' own kernel reads it
+        stored = out.to(tl.float32)
+        c = n - decay_start
+        in_decay = (c >= 0) & (c < decay_columns)
+        rate = tl.exp(tl.load(a_log + c // DECAY_GROUP, mask=in_decay, other=0).to(tl.float32))
+        bias = tl.load(dt_bias + c, mask=in_decay, other=0).to(tl.float32)
+        tl.store(g + m[:, None] * decay_columns + c[None, :], -rate[None, :] * softplus_fp32(stored + bias[None, :]),
+                 mask=m_in[:, None] & in_decay[None, :])  # fmt: skip
+        c = n - beta_start
+        in_beta = (c >= 0) & (c < beta_columns)
+        tl.store(beta + m[:, None] * beta_columns + c[None, :], beta_scale * sigmoid_fp32(stored),
+                 mask=m_in[:, None] & in_beta[None, :])  # fmt: skip
 
 
 def gemv(x: Tensor, weight: Tensor, bias: Tensor | None = None, block_n: int | None = None,
-         block_k: int | None = None, num_warps: int | None = None) -> Tensor:  # fmt: skip
+         block_k: int | None = None, num_warps: int | None = None, gates: MambaGateColumns | None = None
+         ) -> Tensor:  # fmt: skip
     """x ``[M, K]`` (unit column stride, M ≤ ``MAX_ROWS``), weight ``[N, K]`` contiguous, bias ``[N]`` or None →
     ``x @ weight.T + bias`` ``[M, N]`` contiguous in x's dtype (fp32 sums). ``block_n``, ``block_k`` and
-    ``num_warps`` override the launch shape (``benchmarks/tune_gemv.py``)."""
-    return _launch(x, weight, bias, x.shape[1], block_n=block_n, block_k=block_k, num_warps=num_warps)
+    ``num_warps`` override the launch shape (``benchmarks/tune_gemv.py``); ``gates``: their g and β as well (every
+    ``gemv_*`` below takes it too)."""
+    return _launch(x, weight, bias, x.shape[1], block_n=block_n, block_k=block_k, num_warps=num_warps, gates=gates)
 
 
 def gemv_rms_normed(x: Tensor, delta: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
-                    bias: Tensor | None = None) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+                    bias: Tensor | None = None, gates: MambaGateColumns | None = None
+                    ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     """``RMSNorm(x + delta) · norm_weight`` ``@ weight.T + bias``: x, delta ``[M, K]`` (rows at one stride each,
     unit columns), norm_weight ``[K]`` → (``[M, N]``, ``x + delta`` ``[M, K]`` contiguous in x's dtype, or None
     without delta)."""
     total = None if delta is None else new_output(x.shape, x.dtype, x.device)
     y = _launch(x, weight, bias, x.shape[1], prologue=RMS_NORM, aux=delta, norm_weight=norm_weight, total=total,
-                eps=eps)  # fmt: skip
+                eps=eps, gates=gates)  # fmt: skip
     return y, total
 
 
 def gemv_gated_rms_normed(x: Tensor, z: Tensor, norm_weight: Tensor, eps: float, sigmoid: bool, weight: Tensor,
-                          bias: Tensor | None = None) -> Tensor:  # fmt: skip
+                          bias: Tensor | None = None, gates: MambaGateColumns | None = None) -> Tensor:  # fmt: skip
     """Per group of ``len(norm_weight)`` columns (a power of two ≤ ``MAX_BLOCK_K``), ``RMSNorm(x) · norm_weight ·
     act(z)`` (act: sigmoid, else SiLU) ``@ weight.T + bias``; x, z ``[M, K]``, rows at one stride each."""
     group = norm_weight.numel()
     return _launch(x, weight, bias, x.shape[1], prologue=GATED_RMS_NORM, aux=z, norm_weight=norm_weight, eps=eps,
-                   group=group, sigmoid=sigmoid, min_block_k=group)  # fmt: skip
+                   group=group, sigmoid=sigmoid, min_block_k=group, gates=gates)  # fmt: skip
 
 
-def gemv_swiglu(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def gemv_swiglu(x: Tensor, weight: Tensor, bias: Tensor | None = None, gates: MambaGateColumns | None = None
+                ) -> Tensor:  # fmt: skip
     """``SiLU(a) · b @ weight.T + bias`` for x ``[M, 2K]`` = ``[a | b]`` (rows at one stride, unit columns)."""
-    return _launch(x, weight, bias, x.shape[1] // 2, prologue=SWIGLU)
+    return _launch(x, weight, bias, x.shape[1] // 2, prologue=SWIGLU, gates=gates)
 
 
 def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, depth: int, prologue: tl.constexpr = NONE, aux: Tensor | None = None,
             norm_weight: Tensor | None = None, total: Tensor | None = None, eps: float = 0.0, group: int = 1,
             sigmoid: bool = False, min_block_k: int = 1, block_n: int | None = None, block_k: int | None = None,
-            num_warps: int | None = None) -> Tensor:  # fmt: skip
+            num_warps: int | None = None, gates: MambaGateColumns | None = None) -> Tensor:  # fmt: skip
     rows = x.shape[0]
     columns = weight.shape[0]
     y = new_output((rows, columns), x.dtype, x.device)
@@ -156,9 +187,19 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, depth: int, prologue
         block_k = block_k or min(512 if wide else MAX_BLOCK_K, triton.next_power_of_2(depth))
     block_k = max(min_block_k, block_k)
     num_warps = num_warps or max(warps, min(8, block_m * block_n * block_k // ELEMENTS_PER_WARP))
+    gate_args = (None, None, None, None, 0, 0, 0, 0, 1.0)
+    decay_group = 1
+    if gates is not None:
+        decay_columns = gates.dt_bias.numel()
+        decay_group = decay_columns // gates.a_log.numel()
+        gates.g = new_output((rows, decay_columns), torch.float32, x.device)
+        gates.beta = new_output((rows, gates.beta_columns), torch.float32, x.device)
+        gate_args = (gates.a_log, gates.dt_bias, gates.g, gates.beta, gates.decay_start, decay_columns,
+                     gates.beta_start, gates.beta_columns, float(gates.beta_scale))  # fmt: skip
     _gemv_kernel[(triton.cdiv(columns, block_n),)](
         x, weight, bias, y, rows, columns, depth, x.stride(0), y.stride(0), aux, 0 if aux is None else aux.stride(0),
-        norm_weight, total, eps, BM=block_m, BN=block_n, BK=block_k, HAS_BIAS=bias is not None, PROLOGUE=prologue.value,
-        HAS_DELTA=prologue.value == RMS_NORM.value and aux is not None, GROUP=group, SIGMOID=sigmoid, num_warps=num_warps,
+        norm_weight, total, eps, *gate_args, BM=block_m, BN=block_n, BK=block_k, HAS_BIAS=bias is not None, PROLOGUE=prologue.value,
+        HAS_DELTA=prologue.value == RMS_NORM.value and aux is not None, GROUP=group, SIGMOID=sigmoid,
+        GATES=gates is not None, DECAY_GROUP=decay_group, num_warps=num_warps,
     )  # fmt: skip
     return y
