@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from linrnn.errors import UsageError
+from linrnn.kernels import use_triton
 from linrnn.kernels.validation import describe
 from linrnn.models.config import ModelConfig
 from linrnn.models.lm import LanguageModel, _check_prompt
@@ -366,12 +367,17 @@ class Engine:
         """One token for every slot, in place: reads ``tokens`` and the state buffers, writes ``next_tokens`` and
         the state buffers (what the CUDA graph captures). ``greedy``: every active slot is, so argmax suffices."""
         logits, _ = self.model(self.tokens, state=self.states, return_state=True)  # updates self.states in place
+        last = logits[:, -1]
+        if greedy and use_triton(last, self.model.config.mixer.get("backend", "auto")) and last.stride(-1) == 1:
+            from linrnn.kernels.triton.greedy import greedy_step
+
+            greedy_step(last, self.next_tokens, self.tokens[:, 0], self.positions, self.counters)  # one launch
+            return
         self.positions.add_(1)
         if greedy:
-            self.next_tokens.copy_(logits[:, -1].argmax(dim=-1))
+            self.next_tokens.copy_(last.argmax(dim=-1))
         else:
-            self.next_tokens.copy_(sample(logits[:, -1], self.temperature, self.top_k, self.top_p, self.seeds,
-                                          self.counters))  # fmt: skip
+            self.next_tokens.copy_(sample(last, self.temperature, self.top_k, self.top_p, self.seeds, self.counters))
         self.tokens[:, 0].copy_(self.next_tokens)  # the next step's input; finished and idle slots are ignored
         self.counters.add_(1)
 

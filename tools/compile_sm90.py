@@ -174,10 +174,11 @@ def model_cases():
 
 def decoding_shapes():
     """The launch shapes the tiny models do not reach: the matrix-vector kernel's wide and narrow outputs at 1 and 8
-    rows, with each fused input at the 340M model's shapes, and the fused recurrent kernel's shape for many
-    programs."""
+    rows, with each fused input at the 340M model's shapes, the greedy step's end, and the fused recurrent kernel's
+    shape for many programs."""
     from linrnn.kernels.triton import fused_recurrent
     from linrnn.kernels.triton.gemv import gemv, gemv_gated_rms_normed, gemv_rms_normed, gemv_swiglu
+    from linrnn.kernels.triton.greedy import greedy_step
 
     def bf16(*shape):
         return torch.randn(*shape, dtype=torch.bfloat16)
@@ -191,6 +192,9 @@ def decoding_shapes():
         for sigmoid in (False, True):
             gemv_gated_rms_normed(bf16(rows, 1536), bf16(rows, 1536), bf16(256), 1e-6, sigmoid, bf16(1024, 1536))
         gemv_swiglu(bf16(rows, 5632), bf16(1024, 2816))
+    for slots in (1, 256):  # the greedy step's end, over the 340M model's vocabulary
+        long = torch.zeros(slots, dtype=torch.long)
+        greedy_step(bf16(slots, 32000), long, long, long, long)
     q, k, v = (torch.randn(4, 1, 2, 128, dtype=torch.bfloat16) for _ in range(3))
     many = fused_recurrent.MANY_PROGRAMS
     fused_recurrent.MANY_PROGRAMS = 0

@@ -45,4 +45,4 @@ if [ -n "${TRITON_VENV_ONLY:-}" ]; then exit 0; fi  # set up the venv only (.ci/
 export TRITON_INTERPRET=1
 exec "$py" -m pytest tests/kernels/test_triton_chunk.py tests/kernels/test_triton_fused_recurrent.py \
     tests/kernels/test_triton_tiles.py tests/kernels/test_validation.py tests/kernels/test_short_conv.py \
-    tests/kernels/test_fused.py tests/kernels/test_linear.py "$@"
+    tests/kernels/test_fused.py tests/kernels/test_linear.py tests/kernels/test_greedy.py "$@"
