@@ -29,7 +29,7 @@ group() {  # group NAME PYTEST-ARGS...: one pytest process in the background, it
 group short_conv tests/kernels/test_short_conv.py
 group fused tests/kernels/test_fused.py tests/models/test_loss.py::test_triton_rows_kernel_matches_cross_entropy
 group fused_recurrent tests/kernels/test_triton_fused_recurrent.py
-group linear tests/kernels/test_linear.py tests/kernels/test_greedy.py tests/kernels/test_cuda.py -k "linear or matrix_vector or model_decode"
+group linear tests/kernels/test_linear.py tests/kernels/test_greedy.py tests/kernels/test_cuda.py -k "linear or matrix_vector or model_decode or greedy"
 group inference tests/models/test_inference.py
 group compile -m gpu tests/models/test_compile.py
 group compile_new -m gpu tests/models/test_compile.py -k "gdn2 or mamba2"  # in "compile" too: for a short call
