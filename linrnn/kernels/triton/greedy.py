@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-BLOCK = 8192  # logits a loop step; 32000 in four
-WARPS = 8
+BLOCK = 32768  # logits a loop step: 32000 in one
+WARPS = 16
 
 
 @triton.jit
