@@ -32,7 +32,7 @@ parser.add_argument("--plain", nargs="*", choices=list(SHAPES), help="the plain 
                     "none with --fused)")  # fmt: skip
 cli = parser.parse_args()
 
-LAUNCH_SHAPES = [(n, k, warps) for n, k, warps in itertools.product([2, 4, 8, 16], [256, 512, 1024, 2048], [1, 2, 4, 8])]
+LAUNCH_SHAPES = list(itertools.product([2, 4, 8, 16], [256, 512, 1024, 2048], [1, 2, 4, 8]))  # (W rows, K, warps)
 
 
 def registers(rows: int, block_n: int, block_k: int, warps: int) -> float:
@@ -87,13 +87,23 @@ def fused_cases(rows: int):
         weight = bf16(columns, depth)
         fused = dict(x=x, weight=weight, bias=None, depth=depth, prologue=kernels.RMS_NORM, aux=delta,
                      norm_weight=norm, total=torch.empty_like(x), eps=1e-6)  # fmt: skip
-        yield name + " + add, RMSNorm", columns, depth, fused, lambda w: gemv(
-            rms_norm(x, norm, 1e-6, delta, "triton")[0], w)
+        yield (
+            name + " + add, RMSNorm",
+            columns,
+            depth,
+            fused,
+            lambda w: gemv(rms_norm(x, norm, 1e-6, delta, "triton")[0], w),
+        )
     o, z, head_norm, weight = bf16(rows, 1, 6, 256), bf16(rows, 1, 6, 256), bf16(256), bf16(*SHAPES["o_proj"])
     fused = dict(x=o.view(rows, -1), weight=weight, bias=None, depth=1536, prologue=kernels.GATED_RMS_NORM,
                  aux=z.view(rows, -1), norm_weight=head_norm, eps=1e-6, group=256, min_block_k=256)  # fmt: skip
-    yield "o_proj + gated RMSNorm", 1024, 1536, fused, lambda w: gemv(
-        gated_rms_norm(o, z, head_norm, 1e-6, "triton").view(rows, -1), w)
+    yield (
+        "o_proj + gated RMSNorm",
+        1024,
+        1536,
+        fused,
+        lambda w: gemv(gated_rms_norm(o, z, head_norm, 1e-6, "triton").view(rows, -1), w),
+    )
     both, weight = bf16(rows, 5632), bf16(*SHAPES["down"])
     fused = dict(x=both, weight=weight, bias=None, depth=2816, prologue=kernels.SWIGLU)
     yield "down + SwiGLU", 1024, 2816, fused, lambda w: gemv(swiglu(both[:, :2816], both[:, 2816:], "triton"), w)
@@ -106,7 +116,7 @@ if cli.fused:
     print("| product with its step | rows | BN | BK | warps | µs (median) | step + product µs |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for rows in cli.rows:
-        for name, columns, depth, fused, unfused in fused_cases(rows):
+        for name, _, depth, fused, unfused in fused_cases(rows):
             apart = timed(unfused, fused["weight"], cold=fused["weight"])
             results = [(timed(_launch, **fused, cold=fused["weight"]), "default", "", "")]
             for block_n, block_k, warps in LAUNCH_SHAPES:

@@ -434,7 +434,8 @@ class LinearRNNMixer(InferenceCache, nn.Module):
         # backward concatenates the block's gradient (from the conv) with the rest once
         streams = len(self.stream_names)
         starts = [sum(widths[:i]) for i in range(len(widths))]
-        gates = self.gate_columns(dict(zip(first, zip(starts, widths)))) if fusing_inputs() else None
+        columns = {name: (start, width) for name, start, width in zip(first, starts, widths, strict=True)}
+        gates = self.gate_columns(columns) if fusing_inputs() else None
         projected = linear(x, weight, bias, self.config.backend, gates)
         block, *rest = projected.split([sum(widths[:streams]), *widths[streams:], padding], dim=-1)
         outputs = [*block.split(widths[:streams], dim=-1), *rest[: len(widths) - streams]]

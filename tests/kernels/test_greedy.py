@@ -38,4 +38,5 @@ def test_greedy_step_is_argmax_and_bookkeeping(monkeypatch, dtype, vocab, block)
     expected = logits.float().argmax(dim=-1)
     assert next_tokens.tolist() == expected.tolist() == tokens[:, 0].tolist()
     assert expected[1] == 3 and expected[2] == 5
-    assert positions.tolist() == [10 * s + 1 for s in range(slots)] and counters.tolist() == [s + 1 for s in range(slots)]
+    assert positions.tolist() == [10 * s + 1 for s in range(slots)]
+    assert counters.tolist() == [s + 1 for s in range(slots)]

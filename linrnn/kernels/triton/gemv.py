@@ -18,10 +18,10 @@ most ``MAX_ROWS``); the sums are fp32.
 
 Every program computes ``f`` of the whole x row for itself (a few KiB from L2), which costs less than a launch.
 
-``gates`` (``linear.MambaGateColumns``): some output columns are the pre-activations of a Mamba-style decay and of a write strength
-β (Gated DeltaNet's ``W_α x`` and ``W_β x`` inside its one projection); the programs that own them also store
-``g = −exp(A_log) · softplus(y + dt_bias)`` and ``β = scale · sigmoid(y)`` (fp32) from the stored (rounded) y, as
-``fused.mamba_gates`` would from the product.
+``gates`` (``linear.MambaGateColumns``): some output columns are the pre-activations of a Mamba-style decay and of
+a write strength β (Gated DeltaNet's ``W_α x`` and ``W_β x`` inside its one projection); the programs that own them
+also store ``g = −exp(A_log) · softplus(y + dt_bias)`` and ``β = scale · sigmoid(y)`` (fp32) from the stored
+(rounded) y, as ``fused.mamba_gates`` would from the product.
 """
 
 from __future__ import annotations
@@ -166,10 +166,11 @@ def gemv_swiglu(x: Tensor, weight: Tensor, bias: Tensor | None = None, gates: Ma
     return _launch(x, weight, bias, x.shape[1] // 2, prologue=SWIGLU, gates=gates)
 
 
-def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, depth: int, prologue: tl.constexpr = NONE, aux: Tensor | None = None,
-            norm_weight: Tensor | None = None, total: Tensor | None = None, eps: float = 0.0, group: int = 1,
-            sigmoid: bool = False, min_block_k: int = 1, block_n: int | None = None, block_k: int | None = None,
-            num_warps: int | None = None, gates: MambaGateColumns | None = None) -> Tensor:  # fmt: skip
+def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, depth: int, prologue: tl.constexpr = NONE,
+            aux: Tensor | None = None, norm_weight: Tensor | None = None, total: Tensor | None = None,
+            eps: float = 0.0, group: int = 1, sigmoid: bool = False, min_block_k: int = 1,
+            block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
+            gates: MambaGateColumns | None = None) -> Tensor:  # fmt: skip
     rows = x.shape[0]
     columns = weight.shape[0]
     y = new_output((rows, columns), x.dtype, x.device)
@@ -198,7 +199,8 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, depth: int, prologue
                      gates.beta_start, gates.beta_columns, float(gates.beta_scale))  # fmt: skip
     _gemv_kernel[(triton.cdiv(columns, block_n),)](
         x, weight, bias, y, rows, columns, depth, x.stride(0), y.stride(0), aux, 0 if aux is None else aux.stride(0),
-        norm_weight, total, eps, *gate_args, BM=block_m, BN=block_n, BK=block_k, HAS_BIAS=bias is not None, PROLOGUE=prologue.value,
+        norm_weight, total, eps, *gate_args, BM=block_m, BN=block_n, BK=block_k, HAS_BIAS=bias is not None,
+        PROLOGUE=prologue.value,
         HAS_DELTA=prologue.value == RMS_NORM.value and aux is not None, GROUP=group, SIGMOID=sigmoid,
         GATES=gates is not None, DECAY_GROUP=decay_group, num_warps=num_warps,
     )  # fmt: skip

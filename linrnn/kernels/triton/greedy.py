@@ -39,5 +39,6 @@ def greedy_step(logits: Tensor, next_tokens: Tensor, tokens: Tensor, positions: 
     """logits ``[S, V]`` (unit column stride) → in place: ``next_tokens[s]`` and ``tokens[s]`` (any stride) = the
     row's argmax, ``positions[s]`` and ``counters[s]`` += 1; all int64 ``[S]``."""
     slots, vocab = logits.shape
+    block = min(BLOCK, triton.next_power_of_2(vocab))
     _greedy_step_kernel[(slots,)](logits, logits.stride(0), vocab, next_tokens, tokens, tokens.stride(0), positions,
-                                  counters, BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=WARPS)  # fmt: skip
+                                  counters, BLOCK=block, num_warps=WARPS)  # fmt: skip
