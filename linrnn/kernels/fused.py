@@ -21,6 +21,8 @@ math in torch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -99,6 +101,24 @@ def mamba_gates(pre: Tensor, a_log: Tensor, dt_bias: Tensor, beta_pre: Tensor, b
     g = mamba_log_decay(pre, a_log, dt_bias, backend)
     beta = beta_pre.to(torch.promote_types(beta_pre.dtype, torch.float32)).sigmoid()
     return g, beta if beta_scale == 1 else beta_scale * beta
+
+
+@dataclass
+class MambaGateColumns:
+    """Columns of a product that are the pre-activations of a Mamba-style decay (``[decay_start, decay_start +
+    len(dt_bias))``, ``a_log`` per group of ``len(dt_bias) / len(a_log)`` of them, ``dt_bias`` per column) and of a
+    write strength (``[beta_start, beta_start + beta_columns)``): ``linear`` sets ``g`` and ``beta`` (fp32, the
+    product's leading dims) where the matrix-vector kernel computes them with the product, as ``mamba_gates``
+    would from it; they stay None otherwise."""
+
+    decay_start: int
+    a_log: Tensor
+    dt_bias: Tensor
+    beta_start: int
+    beta_columns: int
+    beta_scale: float = 1.0
+    g: Tensor | None = None
+    beta: Tensor | None = None
 
 
 def _one_launch(pre: Tensor, dt_bias: Tensor, backend: str, inputs: tuple[Tensor, ...]) -> bool:

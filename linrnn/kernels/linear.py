@@ -9,14 +9,12 @@ does that step as it reads x, one launch for both; on any other path the step ru
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from linrnn.kernels import rows_at_one_stride, use_triton
-from linrnn.kernels.fused import gated_rms_norm, rms_norm, swiglu
+from linrnn.kernels.fused import MambaGateColumns, gated_rms_norm, rms_norm, swiglu
 
 GEMV_MAX_ROWS = 8  # triton/gemv.py's MAX_ROWS: rows of x (tokens) up to which the matrix-vector kernel runs
 GEMV_MAX_GROUP = 2048  # triton/gemv.py's MAX_BLOCK_K: a gated norm's group (head) must fit one K block
@@ -26,24 +24,6 @@ def fusing_inputs() -> bool:
     """Whether a model builds fused inputs for ``linear``: no autograd (their backward is not written) and not under
     torch.compile (which fuses on its own)."""
     return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-
-
-@dataclass
-class MambaGateColumns:
-    """Columns of a product that are the pre-activations of a Mamba-style decay (``[decay_start, decay_start +
-    len(dt_bias))``, ``a_log`` per group of ``len(dt_bias) / len(a_log)`` of them, ``dt_bias`` per column) and of a
-    write strength (``[beta_start, beta_start + beta_columns)``): ``linear`` sets ``g`` and ``beta`` (fp32, the
-    product's leading dims) where the matrix-vector kernel computes them with the product, as ``fused.mamba_gates``
-    would from it; they stay None otherwise."""
-
-    decay_start: int
-    a_log: Tensor
-    dt_bias: Tensor
-    beta_start: int
-    beta_columns: int
-    beta_scale: float = 1.0
-    g: Tensor | None = None
-    beta: Tensor | None = None
 
 
 class FusedInput:

@@ -28,8 +28,8 @@ from torch import Tensor, nn
 
 from linrnn.kernels import eager
 from linrnn.kernels.context_parallel import Shard, chained_recurrence, convolve_with_halo
-from linrnn.kernels.fused import gated_rms_norm, l2_normalize
-from linrnn.kernels.linear import FusedInput, GatedRMSNormed, Linear, MambaGateColumns, fusing_inputs, linear
+from linrnn.kernels.fused import MambaGateColumns, gated_rms_norm, l2_normalize
+from linrnn.kernels.linear import FusedInput, GatedRMSNormed, Linear, fusing_inputs, linear
 from linrnn.kernels.short_conv import normalize_leading, short_conv, short_conv_step
 
 

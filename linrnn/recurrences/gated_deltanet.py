@@ -9,8 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from linrnn.kernels import ops
-from linrnn.kernels.fused import mamba_gates
-from linrnn.kernels.linear import MambaGateColumns
+from linrnn.kernels.fused import MambaGateColumns, mamba_gates
 from linrnn.recurrences.base import LinearRNNMixer, MixerConfig, mamba_decay_params
 from linrnn.recurrences.registry import CellSpec, register_cell
 

@@ -208,8 +208,7 @@ def test_gate_columns_equal_the_gates_kernel_on_the_product(gemv_calls, rows, fu
     """``MambaGateColumns``: g and β from the kernel's epilogue equal ``fused.mamba_gates`` on the product it
     stored, bit for bit (the same rounding and math), at odd column offsets, through the plain and the RMS-normed
     launch; the product is unchanged by the epilogue."""
-    from linrnn.kernels.fused import mamba_gates
-    from linrnn.kernels.linear import MambaGateColumns
+    from linrnn.kernels.fused import MambaGateColumns, mamba_gates
 
     torch.manual_seed(rows)
     heads, columns, depth = 3, 41, 70

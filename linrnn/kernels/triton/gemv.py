@@ -18,7 +18,7 @@ most ``MAX_ROWS``); the sums are fp32.
 
 Every program computes ``f`` of the whole x row for itself (a few KiB from L2), which costs less than a launch.
 
-``gates`` (``linear.MambaGateColumns``): some output columns are the pre-activations of a Mamba-style decay and of
+``gates`` (``fused.MambaGateColumns``): some output columns are the pre-activations of a Mamba-style decay and of
 a write strength β (Gated DeltaNet's ``W_α x`` and ``W_β x`` inside its one projection); the programs that own them
 also store ``g = −exp(A_log) · softplus(y + dt_bias)`` and ``β = scale · sigmoid(y)`` (fp32) from the stored
 (rounded) y, as ``fused.mamba_gates`` would from the product.
@@ -37,7 +37,7 @@ from linrnn.kernels.triton import new_output
 from linrnn.kernels.triton.fused import sigmoid_fp32, softplus_fp32
 
 if TYPE_CHECKING:
-    from linrnn.kernels.linear import MambaGateColumns
+    from linrnn.kernels.fused import MambaGateColumns
 
 MAX_ROWS = 8  # beyond this, cuBLAS's GEMM kernels are the faster choice (RESULTS.md)
 BLOCK_N = None  # W rows a program (None: by the output's width, below)
