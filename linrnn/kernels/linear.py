@@ -171,7 +171,7 @@ def _shaped(y: Tensor, shape: torch.Size, gates: MambaGateColumns | None) -> Ten
 def _takes_gemv(x: Tensor, weight: Tensor, bias: Tensor | None, backend: str) -> bool:
     """A decoding step: at most ``GEMV_MAX_ROWS`` rows, no autograd, not under torch.compile or autocast, x and
     the weight of one 16-bit dtype, the weight contiguous and x's rows at one stride."""
-    if not use_triton(x, backend) or torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if not use_triton(x, backend) or not fusing_inputs():  # autograd or torch.compile: F.linear
         return False
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype or weight.device != x.device:
         return False
