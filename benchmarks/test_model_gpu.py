@@ -16,13 +16,14 @@ and the Llama compute their loss from the logits as their ``labels=`` path does.
 their steps alternating (``test_paired_steps``: A's speed-up as the median of the per-round ratios, steadier than
 two medians taken minutes apart on a host whose load varies). ``MODEL_BENCH_LOCAL_FIRST=1`` (or ``0``) sets
 ``chunk.STATE_BWD_LOCAL_FIRST`` (the backward state pass's chunk-local terms from a parallel kernel first; by
-default chosen by sequence length) for this process.
+default chosen by sequence length) for this process; ``MODEL_BENCH_KEEP_INTRA`` sets ``library.KEEP_INTRA``.
 Reported per test (``extra_info``): tokens/s at the median step and at the fastest one, the steps' spread
 ((slowest − fastest) / median: a step bound by the host varies with the host's load), peak allocated and peak
 reserved GiB over the timed steps (a CUDA graph's memory shows only in the reserved one), parameter count, the
-first and last loss. ``MODEL_BENCH_PROFILE_DIR=DIR`` also writes a profiler table of two more steps per test
-there. FLA 0.6.0 refuses its gated backward on Hopper with triton < 3.7.1
-(its issue #640); the guard is lifted here for speed only (``fla_bwd_guard_lifted``).
+first and last loss. ``MODEL_BENCH_PROFILE_DIR=DIR`` also writes a profiler table and a Chrome trace (shapes
+recorded; ``experiments/trace_summary.py`` reads it) of two more steps per test there. FLA 0.6.0 refuses its gated
+backward on Hopper with triton < 3.7.1 (its issue #640); the guard is lifted here for speed only
+(``fla_bwd_guard_lifted``).
 
 CPU dry run of the harness (tiny models, linrnn only)::
 
@@ -56,6 +57,10 @@ if os.environ.get("MODEL_BENCH_LOCAL_FIRST") in ("0", "1"):
     from linrnn.kernels.triton import chunk
 
     chunk.STATE_BWD_LOCAL_FIRST = os.environ["MODEL_BENCH_LOCAL_FIRST"] == "1"
+if os.environ.get("MODEL_BENCH_KEEP_INTRA"):  # "never", "decoupled" or "always" (linrnn.kernels.library)
+    from linrnn.kernels import library
+
+    library.KEEP_INTRA = os.environ["MODEL_BENCH_KEEP_INTRA"]
 
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("needs CUDA (or MODEL_BENCH_DEVICE=cpu for a dry run)", allow_module_level=True)
@@ -192,9 +197,10 @@ def test_training_step(benchmark, name, shape):
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
-        with profile(activities=activities) as prof:
+        with profile(activities=activities, record_shapes=True) as prof:
             step()
             step()
+        prof.export_chrome_trace(os.path.join(profile_dir, f"trace_{name}_{batch}x{steps}.json"))
         sort = "cuda_time_total" if DEVICE == "cuda" else "cpu_time_total"
         table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=80)
         with open(os.path.join(profile_dir, f"profile_{name}_{batch}x{steps}.txt"), "w") as file:

@@ -27,7 +27,9 @@ group() {  # group NAME PYTEST-ARGS...: one pytest process in the background, it
   timeout -k 10 "$seconds" "${pytest[@]}" "$@" > "$out/$name.log" 2>&1 &
 }
 group short_conv tests/kernels/test_short_conv.py
-group fused tests/kernels/test_fused.py tests/models/test_loss.py::test_triton_rows_kernel_matches_cross_entropy
+group fused tests/kernels/test_fused.py tests/models/test_loss.py::test_triton_rows_kernel_matches_cross_entropy \
+  tests/models/test_loss.py::test_triton_rows_bf16_under_autocast_matches_fp64
+group chunk tests/kernels/test_triton_chunk.py  # the chunk kernels' CPU tests, compiled (not in the default groups)
 group fused_recurrent tests/kernels/test_triton_fused_recurrent.py
 group linear tests/kernels/test_linear.py tests/kernels/test_greedy.py tests/kernels/test_cuda.py -k "linear or matrix_vector or model_decode or greedy"
 group inference tests/models/test_inference.py

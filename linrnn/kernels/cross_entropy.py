@@ -60,7 +60,11 @@ def linear_cross_entropy_op(
                 if grad_bias is not None:
                     grad_bias += logits.sum(0, dtype=wide) / multiplier
                 grad_hidden[start : start + chunk_tokens] = (logits @ weight).to(hidden.dtype)
-                grad_weight += (logits.T @ rows).to(wide)
+                if logits.is_cuda and logits.dtype in (torch.bfloat16, torch.float16) and wide == torch.float32:
+                    # the product accumulated into the fp32 sum by the GEMM (no [V, D] cast and add per chunk)
+                    grad_weight = torch.addmm(grad_weight, logits.T, rows, out_dtype=wide)
+                else:
+                    grad_weight += (logits.T @ rows).to(wide)
             continue
         valid = target != ignore_index
         safe_target = torch.where(valid, target, 0)

@@ -48,14 +48,17 @@ _NOTHING = (0,)  # shape of the stand-in for an absent tensor
 # the Triton forward keeps its chunk states and corrected values for the backward when autograd records (module
 # docstring); False reruns the state pass in the backward instead (less activation memory, one more sequential pass)
 KEEP_STATES = True
-# with the kept states, also keep the intra-chunk matrices and W_s for the backward: "never", "decoupled" (a
-# decoupled write key, GammaNet: four matrices to rerun, not two) or "always"; "decoupled" took 9.6 ms of a 188 ms
-# GammaNet step (340M, 4×4096, H200) for 151 MB per layer
-KEEP_INTRA = "decoupled"
+# with the kept states, also keep the intra-chunk matrices and W_s for the backward: "never", "decoupled" (only with
+# a decoupled write key) or "always": ~100 MB a layer at the 340M GDN's 16k tokens, a ~3% faster step (H100)
+KEEP_INTRA = "always"
 
 
 def _absent(like: Tensor) -> Tensor:
     return like.new_empty(_NOTHING)
+
+
+def _contiguous(x: Tensor | None) -> Tensor | None:
+    return None if x is None else x.contiguous()
 
 
 def _present(x: Tensor | None) -> Tensor | None:
@@ -87,9 +90,10 @@ def chunk_forward_op(
         q, w, _ = fold(q, w, log_gamma, backend)
     states = values = intra = write_keys = None
     if backend == "triton":
-        from linrnn.kernels.triton.chunk import chunk_forward
+        from linrnn.kernels.triton.chunk import chunk_forward, value_rows
 
-        args = [x if x is None else x.contiguous() for x in (q, k, w, v, g, beta, initial_state)]
+        # v read in place when it is a column block of the short conv's output
+        args = [value_rows(x) if x is v else _contiguous(x) for x in (q, k, w, v, g, beta, initial_state)]
         o, final, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                         fp32_accurate=fp32_accurate, read=read_vector(k, erase_gate))  # fmt: skip
@@ -189,9 +193,9 @@ def chunk_backward_op(
     if log_gamma is not None:
         folded_q, folded_w, gamma = fold(q, w, log_gamma, backend)
     if backend == "triton":
-        from linrnn.kernels.triton.chunk import chunk_backward, chunk_forward
+        from linrnn.kernels.triton.chunk import chunk_backward, chunk_forward, value_rows
 
-        args = [x if x is None else x.contiguous() for x in (folded_q, k, folded_w, v, g, beta, initial_state)]
+        args = [value_rows(x) if x is v else _contiguous(x) for x in (folded_q, k, folded_w, v, g, beta, initial_state)]
         kept = dict(states=_present(states), U=_present(values), intra=_present(intra), W_s=_present(write_keys))
         read = read_vector(k, erase_gate)
         _, _, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],

@@ -19,7 +19,16 @@ if importlib.util.find_spec("triton") is None:
 
 from linrnn import ops  # noqa: E402
 from linrnn.kernels.triton import chunk  # noqa: E402
-from tests.helpers import CELLS, assert_close, assert_runs_match, forward_backward, make_inputs, nan_filled  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    CELLS,
+    OPS,
+    assert_close,
+    assert_runs_match,
+    forward_backward,
+    make_inputs,
+    nan_filled,
+    recorded_copies,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +79,36 @@ def test_varlen(cell):
     inputs = make_inputs(cell, B=1, T=sum(lengths), H=2, K=12, V=10, initial_state=True, num_states=4, seed=3)
     cu_seqlens = torch.tensor([0, 3, 67, 68, 85], device=DEVICE)
     compare(cell, inputs, 1e-5, cu_seqlens=cu_seqlens)
+
+
+@pytest.mark.parametrize("cell", ["gated_deltanet", "gla", "gammanet"])
+def test_values_read_in_place_from_wider_rows(cell):
+    """v as the model passes it, a column block of the short conv's output (tokens 3·H·V + 5 elements apart): the
+    kernels read it where it is, with no copy, and give the same output and gradients, bit for bit, as from a
+    contiguous v (GDN: the fused backward; GLA: no erase, v in the state pass and the output kernel; GammaNet:
+    a decoupled write key)."""
+    B, T, H, K, V = 2, 70, 2, 16, 12
+    inputs = to_kernel(make_inputs(cell, B=B, T=T, H=H, K=K, V=V, initial_state=True, seed=11), torch.float32)
+    wide = torch.randn(B, T, 3 * H * V + 5, device=DEVICE, dtype=torch.float64).float()
+    wide[..., H * V : 2 * H * V] = inputs["v"].reshape(B, T, H * V)
+
+    def run(v_from_rows):
+        leaves = {name: x.clone().requires_grad_(True) for name, x in inputs.items() if name != "v"}
+        rows = wide.clone().requires_grad_(True)
+        block = rows[..., H * V : 2 * H * V]
+        v = (block if v_from_rows else block.clone()).view(B, T, H, V)
+        with recorded_copies() as copied:
+            o, final = OPS[cell](**leaves, v=v, output_final_state=True, backend="triton")
+            gen = torch.Generator().manual_seed(5)
+            (o * torch.randn(o.shape, generator=gen).to(DEVICE)).sum().add(final.sum()).backward()
+        return o, final, {name: x.grad for name, x in leaves.items()} | {"rows": rows.grad}, copied
+
+    *strided, copied = run(True)
+    *contiguous, _ = run(False)
+    assert (B, T, H, V) not in copied
+    assert torch.equal(strided[0], contiguous[0]) and torch.equal(strided[1], contiguous[1])
+    for name, grad in contiguous[2].items():
+        assert torch.equal(strided[2][name], grad), name
 
 
 def test_varlen_index_built_once_per_boundaries(monkeypatch):

@@ -94,6 +94,29 @@ def test_triton_rows_kernel_matches_cross_entropy(vocab, chunk_tokens, with_bias
         torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=1e-5 * max(1.0, want.abs().max().item()))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk_tokens", [5, None])
+def test_triton_rows_bf16_under_autocast_matches_fp64(chunk_tokens):
+    """The CUDA path under bf16 autocast, several chunks: each chunk's weight gradient is accumulated into the fp32
+    sum by the GEMM itself (``addmm`` with an fp32 output); loss and gradients against fp64 of the same bf16-rounded
+    inputs, to bf16's resolution."""
+    pytest.importorskip("triton")
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(3, 11, 64, generator=gen).bfloat16().float()
+    weight = (0.1 * torch.randn(300, 64, generator=gen)).bfloat16().float()
+    targets = torch.randint(0, 300, (3, 11), generator=gen)
+    leaves = [t.cuda().requires_grad_() for t in (hidden, weight)]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(leaves[0], leaves[1], targets.cuda(), chunk_tokens=chunk_tokens, backend="triton")
+    grads = grads_of(loss, leaves)
+    exact = [t.detach().cpu().double().requires_grad_() for t in (hidden, weight)]
+    expected = F.cross_entropy((exact[0] @ exact[1].T).flatten(0, 1), targets.flatten())
+    torch.testing.assert_close(loss.cpu().double(), expected, rtol=1e-2, atol=0)
+    for got, want in zip(grads, grads_of(expected, exact), strict=True):
+        error = (got.cpu().double() - want).norm() / want.norm()
+        assert error < 1e-2, f"relative error {error:.2e}"
+
+
 def model_gradients(model):
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 

@@ -2,9 +2,10 @@
 
 The kernels and their math: ``chunk_fwd.py`` (forward) and ``chunk_bwd.py``
 (backward). Every launch treats the batch as packed sequences: ``[B, T, H, D]``
-inputs are viewed as ``[1, B·T, H, D]`` with ``cu_seqlens = [0, T, 2T, ...]``,
-so varlen and equal lengths share one code path. Chunk ``i`` of the packed
-batch is ``chunk_index[i] = (sequence, chunk in the sequence)``.
+inputs are viewed as ``[1, B·T, H, D]``. Chunk ``i`` of the packed batch is
+``chunk_index[i] = (sequence, chunk in the sequence)`` for varlen; for equal
+lengths the launches pass ``cu_seqlens = T`` and ``chunk_index = None`` and the
+kernels compute it (``chunk_fwd._chunk_bounds``).
 
 Precision: states and accumulators are fp32. Matmul operands are the input
 dtype (bf16/fp16: tensor-core products, fp32 accumulation); fp32 inputs use
@@ -103,15 +104,6 @@ def _varlen_index(bounds: tuple[int, ...], device: torch.device) -> tuple[Tensor
     return to_device(cu_seqlens.to(torch.int32), device), sequences, num_chunks, index, offsets
 
 
-@functools.lru_cache(maxsize=64)
-def _equal_lengths_index(batch: int, steps: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """``cu_seqlens``, ``chunk_index`` and ``chunk_offsets`` of ``batch`` sequences of ``steps``, cached per shape
-    (built on the host and copied to ``device`` once per shape)."""
-    cu_seqlens = torch.arange(0, batch + 1, dtype=torch.int32) * steps
-    _, _, index, offsets = _chunk_index(torch.full((batch,), steps, dtype=torch.int64), device)
-    return to_device(cu_seqlens, device), index, offsets
-
-
 class _Layout:
     """Packed-sequence bookkeeping shared by the forward and backward launches."""
 
@@ -121,9 +113,9 @@ class _Layout:
         self.decoupled = decoupled
         self.value_dim = v.shape[-1]
         self.tokens = batch * steps
-        if cu_seqlens is None:  # no host work or device sync: the index only depends on the shape
+        if cu_seqlens is None:  # equal lengths: the kernels take the length for cu_seqlens, and no index tensors
             self.sequences, self.num_chunks = batch, batch * triton.cdiv(steps, CHUNK)
-            self.cu_seqlens, self.chunk_index, self.chunk_offsets = _equal_lengths_index(batch, steps, q.device)
+            self.cu_seqlens, self.chunk_index, self.chunk_offsets = steps, None, None
         else:  # the grids need the number of chunks: a device sync unless cu_seqlens is on the CPU (as models pass it)
             bounds = tuple(cu_seqlens.tolist())
             self.cu_seqlens, self.sequences, self.num_chunks, self.chunk_index, self.chunk_offsets = _varlen_index(
@@ -161,6 +153,27 @@ class _Layout:
         return max(1, stages - 1) if self.decoupled and kernel in SHALLOWER_DECOUPLED else stages
 
 
+def value_rows(v: Tensor) -> Tensor:
+    """The values ``[B, T, H, V]`` as the kernels read them: v itself when its tokens lie evenly spaced with each
+    token's heads contiguous (a column block of wider rows, such as the values' columns of the short convolution's
+    output: read in place, no copy), else a contiguous copy."""
+    batch, steps, heads, dim = v.shape
+    stride = v.stride()
+    in_place = (steps > 1 and (dim == 1 or stride[3] == 1) and (heads == 1 or stride[2] == dim)
+                and (batch == 1 or stride[0] == steps * stride[1]) and stride[1] >= heads * dim)  # fmt: skip
+    return v if v.is_contiguous() or in_place else v.contiguous()
+
+
+def _token_stride(v: Tensor) -> int:
+    """Elements between v's tokens, for ``value_rows(v)``."""
+    if v.is_contiguous():
+        return v.shape[2] * v.shape[3]
+    if value_rows(v) is not v:
+        raise ValueError("chunk kernels: argument 'v' must be contiguous or read in place (value_rows); got strides "
+                         f"{v.stride()} for shape {list(v.shape)}")  # fmt: skip
+    return v.stride(1)
+
+
 def state_rows(batch: int, steps: int, sequences: int | None) -> int:
     """Rows of the chunk start states ``[rows, H, K, V]`` for ``[batch, steps]`` inputs, from shapes alone (a fake
     tensor gets the same): every chunk for equal lengths; with ``sequences`` packed into ``batch · steps`` tokens
@@ -187,6 +200,7 @@ def chunk_forward(
     device, dtype = q.device, q.dtype
     common = dict(cu_seqlens=layout.cu_seqlens, chunk_index=layout.chunk_index)
     has_beta, decoupled = beta is not None, w is not None
+    v_stride = _token_stride(v)
 
     G = None
     if g is not None:
@@ -224,7 +238,8 @@ def chunk_forward(
         W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
         U_v = None if states_kept else torch.empty(TT, H, V, dtype=torch.float32, device=device)
         chunk_solve_wu_kernel[(NT, H)](  # W_s from the read vector
-            k if read is None else read, v, beta, G, A_kk, A_kw, T, W_s, U_v, **common, H=H, K=K, V=V, BT=CHUNK,
+            k if read is None else read, v, beta, G, A_kk, A_kw, T, W_s, U_v, **common, v_stride=v_stride, H=H, K=K,
+            V=V, BT=CHUNK,
             BC=SUB_CHUNK,
             BK=_block(K, SOLVE_WU_BLOCK), BV=_block(V, SOLVE_WU_BLOCK), DECAY=layout.decay, HAS_BETA=has_beta,
             DECOUPLED=decoupled, STORE_VALUES=not states_kept, PREC=layout.precision,
@@ -243,7 +258,7 @@ def chunk_forward(
         block_v = _state_block_v(layout)
         chunk_state_fwd_kernel[(triton.cdiv(V, block_v), layout.sequences * H)](
             k, w, v, beta, G, W_s, U_v, U, states, initial_state, final, layout.cu_seqlens, layout.chunk_offsets,
-            H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=layout.decay, ERASE=erase,
+            v_stride=v_stride, H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=layout.decay, ERASE=erase,
             HAS_BETA=has_beta, DECOUPLED=decoupled, USE_INITIAL_STATE=initial_state is not None,
             STORE_FINAL_STATE=output_final_state, PREC=layout.precision, num_warps=layout.warps("state_fwd"),
             num_stages=layout.state_stages,
@@ -255,8 +270,8 @@ def chunk_forward(
         o = new_output(v.shape, v.dtype, device)
         block_v = _block(V, 64)
         chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
-            q, k, v, beta, G, states, U, A_qk, A_qw, o, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK,
-            BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
+            q, k, v, beta, G, states, U, A_qk, A_qw, o, **common, v_stride=v_stride, scale=scale, H=H, K=K, V=V,
+            BT=CHUNK, BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
             DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("output"),
             num_stages=layout.stages_of("output"),
         )  # fmt: skip
@@ -303,6 +318,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         raise ValueError("chunk_backward: the fold needs a decoupled write key")
     G, states = saved["G"], saved["states"]
     do = do.contiguous()
+    v_stride = _token_stride(v)
     f32 = dict(dtype=torch.float32, device=device)
 
     def buffers(count, *shape, when=True):
@@ -337,7 +353,8 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         dbeta = new_output(beta.shape, beta.dtype, device) if has_beta else None
         chunk_bwd_fused_kernel[(NT, H)](
             q, k, v, beta, G, saved["T"], saved["A_kk"], states, dstates, saved["U"], dU, do, dq, dk, dv, dg, dbeta,
-            **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, FUSED_MAX_K), BV=_block(V, FUSED_BLOCK_V),
+            **common, v_stride=v_stride, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, FUSED_MAX_K),
+            BV=_block(V, FUSED_BLOCK_V),
             DECAY=decay, HAS_BETA=has_beta, PREC=precision, num_warps=layout.warps("fused"), num_stages=layout.stages,
         )  # fmt: skip
         return dq, dk, None, dv, dg, dbeta, d_initial, None, None
@@ -349,7 +366,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     block_k = _block(K, 64)
     chunk_bwd_main_kernel[(triton.cdiv(K, block_k), NT, H)](
         k, w, v, beta, G, states, dstates, saved["U"], dU, do, dq_part, dk_minus, dw_minus, dW_s, dG_last, **common,
-        scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=_block(V, 64), DECAY=decay, ERASE=erase,
+        v_stride=v_stride, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=_block(V, 64), DECAY=decay, ERASE=erase,
         HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision, num_warps=layout.warps("main"),
         num_stages=layout.stages,
     )  # fmt: skip
@@ -363,7 +380,8 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     chunk_bwd_local_kernel[(NT, H)](
         k if read is None else read, w, v, beta, G, saved["T"], saved["A_kk"], saved["A_qw"], saved["A_kw"],
         saved["U"], dU, dstates, do, dW_s,
-        dv, dbeta, dk_plus, dA_qk, dA_qw, dA_kk, dA_kw, **common, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k,
+        dv, dbeta, dk_plus, dA_qk, dA_qw, dA_kk, dA_kw, **common, v_stride=v_stride, scale=scale, H=H, K=K, V=V,
+        BT=CHUNK, BK=block_k,
         BV=_block(V, 64), BK_ALL=layout.block_k, DECAY=decay, ERASE=erase, HAS_BETA=has_beta, DECOUPLED=decoupled,
         PREC=precision, num_warps=layout.warps("local"), num_stages=layout.stages_of("local"),
     )  # fmt: skip

@@ -42,7 +42,7 @@ from linrnn.kernels.triton.chunk_fwd import (
     load_decay,
     state_program,
 )
-from linrnn.kernels.triton.tiles import load_head_tile, load_tile, store_head_tile
+from linrnn.kernels.triton.tiles import load_head_tile, load_row_tile, load_tile, store_head_tile
 
 
 @triton.jit
@@ -113,7 +113,7 @@ def chunk_state_bwd_kernel(
 @triton.jit
 def chunk_bwd_main_kernel(
     k, w, v, beta, G, states, dstates, U, dU, do, dq, dk_minus, dw_minus, dW_s, dG_last, cu_seqlens, chunk_index,
-    scale,
+    v_stride, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -136,7 +136,7 @@ def chunk_bwd_main_kernel(
         if ERASE:
             u_t = load_head_tile(U, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         else:
-            v_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+            v_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV)
             u_t = (v_t.to(tl.float32) * b[:, None]).to(dtype)
         d_qhat += tl.dot(do_t.to(dtype), tl.trans(s_t), input_precision=PREC)
         d_kcheck += tl.dot(u_t.to(dtype), tl.trans(ds_t), input_precision=PREC)
@@ -145,7 +145,7 @@ def chunk_bwd_main_kernel(
             du_t = load_head_tile(dU, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
             d_ws -= tl.dot(du_t.to(dtype), tl.trans(s_t), input_precision=PREC)
         if DECOUPLED:
-            v_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+            v_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV)
             x_t = v_t.to(tl.float32) * b[:, None]
             d_wcheck += tl.dot(x_t.to(dtype), tl.trans(ds_t), input_precision=PREC)
     d_q = d_qhat * scale
@@ -175,7 +175,7 @@ def chunk_bwd_main_kernel(
 @triton.jit
 def chunk_bwd_local_kernel(
     k, w, v, beta, G, T, A_kk, A_qw, A_kw, U, dU, dstates, do, dW_s, dv, dbeta, dk_plus, dA_qk, dA_qw, dA_kk, dA_kw,
-    cu_seqlens, chunk_index, scale,
+    cu_seqlens, chunk_index, v_stride, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     BK_ALL: tl.constexpr, DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr,
     DECOUPLED: tl.constexpr, PREC: tl.constexpr,
@@ -215,7 +215,7 @@ def chunk_bwd_local_kernel(
     for vb in range(0, tl.cdiv(V, BV)):
         do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         du_t = load_head_tile(dU, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
-        v_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
+        v_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
         bv_t = v_t * b[:, None]
         if ERASE:
             u_t = load_head_tile(U, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
@@ -275,7 +275,8 @@ def chunk_bwd_local_kernel(
 
 @triton.jit
 def chunk_bwd_fused_kernel(
-    q, k, v, beta, G, T, A_kk, states, dstates, U, dU, do, dq, dk, dv, dg, dbeta, cu_seqlens, chunk_index, scale,
+    q, k, v, beta, G, T, A_kk, states, dstates, U, dU, do, dq, dk, dv, dg, dbeta, cu_seqlens, chunk_index, v_stride,
+    scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -308,7 +309,7 @@ def chunk_bwd_fused_kernel(
         do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         u_t = load_head_tile(U, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         du_t = load_head_tile(dU, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
-        v_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
+        v_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
         d_bv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # D: d(βV)
         d_v = (d_bv * b[:, None]).to(dv.dtype.element_ty)
         store_head_tile(dv, d_v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)

@@ -26,8 +26,10 @@ group of steps (``level_factors``), plus its plain diagonal. So any log-decay �
 exact, with no gate clamp. Padded steps past a sequence's end load as zeros and
 their exponents are masked, so they never produce inf or NaN in valid rows.
 
-Every program starts from ``chunk_index[i] = (sequence, chunk in sequence)``; a
-batch of equal lengths is the varlen case with ``cu_seqlens = [0, T, 2T, ...]``.
+Every program starts from ``chunk_index[i] = (sequence, chunk in sequence)``; for a
+batch of equal lengths the launches pass ``chunk_index = None`` and the length T as
+``cu_seqlens``, and the programs compute the same from T (no index tensors: nothing
+cached on the device, which a CUDA graph's memory pool would not track).
 """
 
 from __future__ import annotations
@@ -35,18 +37,26 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from linrnn.kernels.triton.tiles import load_head_tile, load_tile, store_head_tile, store_tile
+from linrnn.kernels import TRITON_CHUNK
+from linrnn.kernels.triton.tiles import load_head_tile, load_row_tile, load_tile, store_head_tile, store_tile
 
 # Kernels read module globals only as constexpr.
 DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 LEVELS = tl.constexpr(4)  # log2(BC): levels of the diagonal blocks' split (``level_factors``)
+CHUNK = tl.constexpr(TRITON_CHUNK)  # BT of every launch
 
 
 @triton.jit
 def _chunk_bounds(cu_seqlens, chunk_index, i, BT: tl.constexpr):
-    """Start token of the sequence, its length, this chunk's index in it and its number of valid steps."""
-    n, c = tl.load(chunk_index + 2 * i), tl.load(chunk_index + 2 * i + 1)
-    bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
+    """Start token of the sequence, its length, this chunk's index in it and its number of valid steps. With
+    ``chunk_index`` None the sequences have equal lengths and ``cu_seqlens`` is that length (an int)."""
+    if chunk_index is None:
+        chunks = tl.cdiv(cu_seqlens, BT)
+        n, c = i // chunks, i % chunks
+        bos, eos = n.to(tl.int64) * cu_seqlens, n.to(tl.int64) * cu_seqlens + cu_seqlens
+    else:
+        n, c = tl.load(chunk_index + 2 * i), tl.load(chunk_index + 2 * i + 1)
+        bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
     return bos, eos - bos, c, tl.minimum(BT, eos - bos - c * BT)
 
 
@@ -231,15 +241,15 @@ def chunk_intra_kernel(
 
 
 @triton.jit
-def _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x, G, out, bos, length, h, r0, valid, col0,
-                          b0, b1, b2, b3, H: tl.constexpr, D: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
-                          DECAY: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+def _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x, x_stride, G, out, bos, length, h, r0,
+                          valid, col0, b0, b1, b2, b3, H: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+                          BD: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     """``out = T Diag(β) (X ⊙ Γ)`` on the chunk's rows from ``r0`` and columns ``col0 ..``; ``b0..b3``: β of the
-    four row blocks; ``DECAY_NONE``: no Γ."""
-    x0 = _scaled_rows(x, G, bos, length, h, r0, valid, col0, b0, H, D, BC, BD, DECAY)
-    x1 = _scaled_rows(x, G, bos, length, h, r0 + BC, valid - BC, col0, b1, H, D, BC, BD, DECAY)
-    x2 = _scaled_rows(x, G, bos, length, h, r0 + 2 * BC, valid - 2 * BC, col0, b2, H, D, BC, BD, DECAY)
-    x3 = _scaled_rows(x, G, bos, length, h, r0 + 3 * BC, valid - 3 * BC, col0, b3, H, D, BC, BD, DECAY)
+    four row blocks; ``DECAY_NONE``: no Γ. X's tokens lie ``x_stride`` elements apart."""
+    x0 = _scaled_rows(x, x_stride, G, bos, length, h, r0, valid, col0, b0, H, D, BC, BD, DECAY)
+    x1 = _scaled_rows(x, x_stride, G, bos, length, h, r0 + BC, valid - BC, col0, b1, H, D, BC, BD, DECAY)
+    x2 = _scaled_rows(x, x_stride, G, bos, length, h, r0 + 2 * BC, valid - 2 * BC, col0, b2, H, D, BC, BD, DECAY)
+    x3 = _scaled_rows(x, x_stride, G, bos, length, h, r0 + 3 * BC, valid - 3 * BC, col0, b3, H, D, BC, BD, DECAY)
     y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
     _store_rows(out, y0, y1, y2, y3, bos, length, h, r0, col0, H, D, BC, BD)
 
@@ -304,11 +314,12 @@ def _beta(beta, bos, h, start, valid, H: tl.constexpr, N: tl.constexpr, HAS_BETA
 
 
 @triton.jit
-def _scaled_rows(k, G, bos, length, h, row0, valid, k0, b, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
-                 BK: tl.constexpr, DECAY: tl.constexpr):  # fmt: skip
+def _scaled_rows(k, k_stride, G, bos, length, h, row0, valid, k0, b, H: tl.constexpr, K: tl.constexpr,
+                 BC: tl.constexpr, BK: tl.constexpr, DECAY: tl.constexpr):  # fmt: skip
     """``Diag(β) (K ⊙ Γ)`` on ``BC`` rows from ``row0`` and columns ``k0 ..``, fp32 ``[BC, BK]``; ``b``: their β
-    (0 past the ``valid`` rows). ``DECAY_NONE``: ``Diag(β) K``, for any ``[TT, H, K]`` input."""
-    x = load_head_tile(k, bos, length, h, row0, k0, H, K, BC, BK).to(tl.float32)
+    (0 past the ``valid`` rows). ``DECAY_NONE``: ``Diag(β) K``, for any ``[TT, H, K]`` input whose tokens lie
+    ``k_stride`` elements apart."""
+    x = load_row_tile(k, k_stride, bos, length, h, row0, k0, K, BC, BK).to(tl.float32)
     x *= b[:, None]
     rows = tl.arange(0, BC)[:, None]
     if DECAY == DECAY_HEAD:
@@ -353,7 +364,7 @@ def _store_rows(x, y0, y1, y2, y3, bos, length, h, row0, col0, H: tl.constexpr, 
 
 @triton.jit
 def chunk_solve_wu_kernel(
-    k, v, beta, G, A_kk, A_kw, T, W_s, U_v, cu_seqlens, chunk_index,
+    k, v, beta, G, A_kk, A_kw, T, W_s, U_v, cu_seqlens, chunk_index, v_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, STORE_VALUES: tl.constexpr,
     PREC: tl.constexpr,
@@ -415,14 +426,14 @@ def chunk_solve_wu_kernel(
     _store_block(t_base, t33, length, r0 + 48, 48, stride, BC)
 
     for kb in range(0, tl.cdiv(K, BK)):
-        _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, k, G, W_s, bos, length, h, r0, valid,
-                              kb * BK, b0, b1, b2, b3, H, K, BC, BK, DECAY, PREC)  # fmt: skip
+        _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, k, H * K, G, W_s, bos, length, h, r0,
+                              valid, kb * BK, b0, b1, b2, b3, H, K, BC, BK, DECAY, PREC)  # fmt: skip
     if DECOUPLED:
         b_all = _beta(beta, bos, h, r0, valid, H, BT, HAS_BETA)
     if STORE_VALUES:  # a constexpr branch: with U_v None the loop must not be compiled at all
         for vb in range(0, tl.cdiv(V, BV)):
             if DECOUPLED:  # row blocks of P V = −Diag(β) A_kw (βV)
-                bv = load_head_tile(v, bos, length, h, r0, vb * BV, H, V, BT, BV)
+                bv = load_row_tile(v, v_stride, bos, length, h, r0, vb * BV, V, BT, BV)
                 bv = bv.to(tl.float32) * b_all[:, None]
                 x0 = _pv_rows(A_kw, bv, bos, length, h, r0, b0, H, BT, BC, PREC)
                 x1 = _pv_rows(A_kw, bv, bos, length, h, r0 + 16, b1, H, BT, BC, PREC)
@@ -431,8 +442,9 @@ def chunk_solve_wu_kernel(
                 y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
                 _store_rows(U_v, y0, y1, y2, y3, bos, length, h, r0, vb * BV, H, V, BC, BV)
             else:
-                _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, v, G, U_v, bos, length, h, r0,
-                                      valid, vb * BV, b0, b1, b2, b3, H, V, BC, BV, DECAY_NONE, PREC)  # fmt: skip
+                _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, v, v_stride, G, U_v, bos,
+                                      length, h, r0, valid, vb * BV, b0, b1, b2, b3, H, V, BC, BV, DECAY_NONE,
+                                      PREC)  # fmt: skip
 
 
 @triton.jit
@@ -443,8 +455,12 @@ def state_program(cu_seqlens, chunk_offsets, H: tl.constexpr, K: tl.constexpr, V
     and its ``[BK, BV]`` tile's offsets and mask inside a state."""
     vb, nh = tl.program_id(0), tl.program_id(1)
     n, h = nh // H, nh % H
-    bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
-    first = tl.load(chunk_offsets + n).to(tl.int64)
+    if chunk_offsets is None:  # equal lengths: cu_seqlens is the length (``_chunk_bounds``)
+        bos, eos = n.to(tl.int64) * cu_seqlens, n.to(tl.int64) * cu_seqlens + cu_seqlens
+        first = n.to(tl.int64) * tl.cdiv(cu_seqlens, CHUNK)
+    else:
+        bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
+        first = tl.load(chunk_offsets + n).to(tl.int64)
     k_idx, v_idx = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
     state_mask = (k_idx[:, None] < K) & (v_idx[None, :] < V)
     state_offsets = k_idx[:, None] * V + v_idx[None, :]
@@ -453,7 +469,7 @@ def state_program(cu_seqlens, chunk_offsets, H: tl.constexpr, K: tl.constexpr, V
 
 @triton.jit
 def chunk_state_fwd_kernel(
-    k, w, v, beta, G, W_s, U_v, U, states, initial_state, final_state, cu_seqlens, chunk_offsets,
+    k, w, v, beta, G, W_s, U_v, U, states, initial_state, final_state, cu_seqlens, chunk_offsets, v_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, PREC: tl.constexpr,
@@ -477,7 +493,7 @@ def chunk_state_fwd_kernel(
             u_t = u_t.to(tl.float32) - tl.dot(w_t, state.to(w_t.dtype), input_precision=PREC)
             store_head_tile(U, u_t.to(U.dtype.element_ty), bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         else:
-            u_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
+            u_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
             if HAS_BETA:
                 u_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
         k_t = load_head_tile(k, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
@@ -491,7 +507,7 @@ def chunk_state_fwd_kernel(
             w_t = load_head_tile(w, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
             if DECAY != DECAY_NONE:
                 w_t *= to_chunk_end
-            x_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
+            x_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
             x_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
             state += tl.dot(tl.trans(w_t).to(dtype), x_t.to(dtype), input_precision=PREC)
     if STORE_FINAL_STATE:
@@ -500,7 +516,7 @@ def chunk_state_fwd_kernel(
 
 @triton.jit
 def chunk_output_kernel(
-    q, k, v, beta, G, states, U, A_qk, A_qw, o, cu_seqlens, chunk_index, scale,
+    q, k, v, beta, G, states, U, A_qk, A_qw, o, cu_seqlens, chunk_index, v_stride, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -537,12 +553,12 @@ def chunk_output_kernel(
     if ERASE:
         u_t = load_head_tile(U, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
     else:
-        u_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
+        u_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
         if HAS_BETA:
             u_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
     out += tl.dot(a_t.to(dtype), u_t.to(dtype), input_precision=PREC)
     if DECOUPLED:
-        x_t = load_head_tile(v, bos, length, h, c * BT, vb * BV, H, V, BT, BV).to(tl.float32)
+        x_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
         x_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
         a_t = load_head_tile(A_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)
         out += tl.dot(a_t.to(dtype), x_t.to(dtype), input_precision=PREC)

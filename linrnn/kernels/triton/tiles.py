@@ -48,3 +48,10 @@ def store_head_tile(x, value, bos, length, h, row0, col0, H: tl.constexpr, D: tl
                     BD: tl.constexpr):  # fmt: skip
     """Store a ``[BR, BD]`` tile where ``load_head_tile`` reads it, inside the sequence and D only."""
     store_tile(x + (bos * H + h) * D, value, row0, col0, length, D, H * D, BR, BD)
+
+
+@triton.jit
+def load_row_tile(x, token_stride, bos, length, h, row0, col0, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    """``load_head_tile`` of ``x`` whose tokens lie ``token_stride`` elements apart, heads contiguous in a token
+    (a column block of wider rows, such as the values' columns of the short convolution's output)."""
+    return load_tile(x + bos * token_stride + h * D, row0, col0, length, D, token_stride, BR, BD)
