@@ -47,16 +47,26 @@ CHUNK = tl.constexpr(TRITON_CHUNK)  # BT of every launch
 
 
 @triton.jit
+def _sequence_bounds(cu_seqlens, index, n):
+    """First and past-the-end token of sequence n. ``index`` (the launch's chunk index or chunk offsets) None: the
+    sequences have equal lengths and ``cu_seqlens`` is that length (an int)."""
+    if index is None:
+        bos, eos = n.to(tl.int64) * cu_seqlens, n.to(tl.int64) * cu_seqlens + cu_seqlens
+    else:
+        bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
+    return bos, eos
+
+
+@triton.jit
 def _chunk_bounds(cu_seqlens, chunk_index, i, BT: tl.constexpr):
-    """Start token of the sequence, its length, this chunk's index in it and its number of valid steps. With
-    ``chunk_index`` None the sequences have equal lengths and ``cu_seqlens`` is that length (an int)."""
+    """Start token of the sequence, its length, this chunk's index in it and its number of valid steps (equal
+    lengths without ``chunk_index``: ``_sequence_bounds``)."""
     if chunk_index is None:
         chunks = tl.cdiv(cu_seqlens, BT)
         n, c = i // chunks, i % chunks
-        bos, eos = n.to(tl.int64) * cu_seqlens, n.to(tl.int64) * cu_seqlens + cu_seqlens
     else:
         n, c = tl.load(chunk_index + 2 * i), tl.load(chunk_index + 2 * i + 1)
-        bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
+    bos, eos = _sequence_bounds(cu_seqlens, chunk_index, n)
     return bos, eos - bos, c, tl.minimum(BT, eos - bos - c * BT)
 
 
@@ -455,11 +465,10 @@ def state_program(cu_seqlens, chunk_offsets, H: tl.constexpr, K: tl.constexpr, V
     and its ``[BK, BV]`` tile's offsets and mask inside a state."""
     vb, nh = tl.program_id(0), tl.program_id(1)
     n, h = nh // H, nh % H
-    if chunk_offsets is None:  # equal lengths: cu_seqlens is the length (``_chunk_bounds``)
-        bos, eos = n.to(tl.int64) * cu_seqlens, n.to(tl.int64) * cu_seqlens + cu_seqlens
+    bos, eos = _sequence_bounds(cu_seqlens, chunk_offsets, n)
+    if chunk_offsets is None:  # equal lengths: cu_seqlens is the length
         first = n.to(tl.int64) * tl.cdiv(cu_seqlens, CHUNK)
     else:
-        bos, eos = tl.load(cu_seqlens + n).to(tl.int64), tl.load(cu_seqlens + n + 1).to(tl.int64)
         first = tl.load(chunk_offsets + n).to(tl.int64)
     k_idx, v_idx = tl.arange(0, BK), vb * BV + tl.arange(0, BV)
     state_mask = (k_idx[:, None] < K) & (v_idx[None, :] < V)

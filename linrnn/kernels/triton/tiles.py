@@ -36,11 +36,18 @@ def store_tile(base, value, row0, col0, n_rows, n_cols, row_stride, BR: tl.const
 
 
 @triton.jit
+def load_row_tile(x, token_stride, bos, length, h, row0, col0, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    """``load_head_tile`` of ``x`` whose tokens lie ``token_stride`` elements apart, heads contiguous in a token
+    (a column block of wider rows, such as the values' columns of the short convolution's output)."""
+    return load_tile(x + bos * token_stride + h * D, row0, col0, length, D, token_stride, BR, BD)
+
+
+@triton.jit
 def load_head_tile(x, bos, length, h, row0, col0, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
                    BD: tl.constexpr):  # fmt: skip
     """Rows ``row0 ..`` (in the sequence starting at token ``bos``, of ``length`` tokens) and columns ``col0 ..``
     of head h of ``x`` ``[TT, H, D]``: a ``[BR, BD]`` tile, 0 past the sequence's end or D."""
-    return load_tile(x + (bos * H + h) * D, row0, col0, length, D, H * D, BR, BD)
+    return load_row_tile(x, H * D, bos, length, h, row0, col0, D, BR, BD)
 
 
 @triton.jit
@@ -48,10 +55,3 @@ def store_head_tile(x, value, bos, length, h, row0, col0, H: tl.constexpr, D: tl
                     BD: tl.constexpr):  # fmt: skip
     """Store a ``[BR, BD]`` tile where ``load_head_tile`` reads it, inside the sequence and D only."""
     store_tile(x + (bos * H + h) * D, value, row0, col0, length, D, H * D, BR, BD)
-
-
-@triton.jit
-def load_row_tile(x, token_stride, bos, length, h, row0, col0, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
-    """``load_head_tile`` of ``x`` whose tokens lie ``token_stride`` elements apart, heads contiguous in a token
-    (a column block of wider rows, such as the values' columns of the short convolution's output)."""
-    return load_tile(x + bos * token_stride + h * D, row0, col0, length, D, token_stride, BR, BD)
