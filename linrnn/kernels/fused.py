@@ -9,7 +9,8 @@ and the MLP's SwiGLU product.
   ``[B, T, H, D]`` (fp32 arithmetic, x's dtype out).
 - ``l2_normalize(x, eps, dtype)``: ``x / sqrt(‖x‖² + eps)`` over the last dim, in ``dtype`` (FLA's in-kernel q, k
   norm; smooth at 0, unlike ``F.normalize``'s ``x / max(‖x‖, eps)``).
-- ``swiglu(a, b)``: ``SiLU(a) · b``.
+- ``swiglu(both)``: ``SiLU(a) · b`` for ``both = [a | b]`` (the MLP's one gate + up product; the backward
+  writes its gradient as one tensor, as the product's backward reads it).
 - ``mamba_log_decay(pre, a_log, dt_bias)``: GDN's and KDA's log-decay gate (one Triton kernel when decoding), and
   ``mamba_gates`` with their write strength β from the same launch.
 
@@ -74,10 +75,13 @@ def l2_normalize(x: Tensor, eps: float, dtype: torch.dtype, backend: str = "auto
     return (wide * torch.rsqrt(wide.square().sum(-1, keepdim=True) + eps)).to(dtype)
 
 
-def swiglu(a: Tensor, b: Tensor, backend: str = "auto") -> Tensor:
-    """``SiLU(a) · b`` for a, b of one shape and dtype."""
-    if use_triton(a, backend) and a.dtype == b.dtype and a.shape == b.shape:
-        return swiglu_op(a, b)
+def swiglu(both: Tensor, backend: str = "auto") -> Tensor:
+    """``SiLU(a) · b`` ``[..., C]`` for ``both`` ``[..., 2C]`` = ``[a | b]``."""
+    if both.shape[-1] % 2:
+        raise ValueError(f"swiglu: argument 'both' must have an even last dim, got shape {list(both.shape)}")
+    if use_triton(both, backend):
+        return swiglu_op(both)
+    a, b = both.chunk(2, dim=-1)
     return F.silu(a) * b
 
 
@@ -194,27 +198,33 @@ gated_rms_norm_op.register_autograd(_norm_backward, setup_context=_norm_setup)
 
 
 @torch.library.custom_op("linrnn::swiglu", mutates_args=())
-def swiglu_op(a: Tensor, b: Tensor) -> Tensor:
+def swiglu_op(both: Tensor) -> Tensor:
     from linrnn.kernels.triton.fused import swiglu_forward
 
-    return swiglu_forward(*(x if rows_at_one_stride(x) else x.contiguous() for x in (a, b)))
+    return swiglu_forward(_rows_in_place(both))
 
 
 @swiglu_op.register_fake
-def _(a, b):
-    return a.new_empty(a.shape)
+def _(both):
+    return both.new_empty((*both.shape[:-1], both.shape[-1] // 2))
 
 
 @torch.library.custom_op("linrnn::swiglu_backward", mutates_args=())
-def swiglu_backward_op(dy: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+def swiglu_backward_op(dy: Tensor, both: Tensor) -> Tensor:
     from linrnn.kernels.triton.fused import swiglu_backward
 
-    return swiglu_backward(dy.contiguous(), a.contiguous(), b.contiguous())
+    return swiglu_backward(dy.contiguous(), _rows_in_place(both))
 
 
 @swiglu_backward_op.register_fake
-def _(dy, a, b):
-    return a.new_empty(a.shape), b.new_empty(b.shape)
+def _(dy, both):
+    return both.new_empty(both.shape)
+
+
+def _rows_in_place(x: Tensor) -> Tensor:
+    """x itself where its rows are at one stride (``rows_at_one_stride``: a column slice of a product), else a
+    contiguous copy."""
+    return x if rows_at_one_stride(x) else x.contiguous()
 
 
 def _swiglu_setup(ctx, inputs, output):

@@ -133,7 +133,7 @@ class SwiGLUed(FusedInput):
         self.source, self.width, self.backend = both, both.shape[-1] // 2, backend
 
     def compute(self) -> Tensor:
-        return swiglu(*self.source.chunk(2, dim=-1), self.backend)
+        return swiglu(self.source, self.backend)
 
     def gemv(self, rows: int, weight: Tensor, bias: Tensor | None, gates: MambaGateColumns | None) -> Tensor | None:
         from linrnn.kernels.triton.gemv import gemv_swiglu

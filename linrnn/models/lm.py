@@ -24,9 +24,12 @@ from linrnn.recurrences.registry import build_mixer
 
 
 class SwiGLU(InferenceCache, nn.Module):
-    """``down(SiLU(gate(x)) · up(x))``; ``backend`` as the mixers' (``linrnn.kernels.fused.swiglu``). Without autograd
-    (decoding, evaluation) gate and up run as one GEMM over their weights concatenated once and kept, and the down
-    projection takes the SwiGLU product as a fused input (``linrnn.kernels.linear``); x may be one too."""
+    """``down(SiLU(gate(x)) · up(x))``; ``backend`` as the mixers' (``linrnn.kernels.fused.swiglu``). Gate and up
+    run as one GEMM over their weights concatenated (kept between calls without autograd), whose output the SwiGLU
+    kernel reads in place and whose gradient its backward writes as one tensor (two GEMMs would sum two input
+    gradients). Without autograd the down projection takes the SwiGLU product as a fused input
+    (``linrnn.kernels.linear``); x may be one too. With hooks on gate or up (coordinate checks) they run as
+    modules."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, backend: str = "auto"):
         super().__init__()
@@ -37,15 +40,27 @@ class SwiGLU(InferenceCache, nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False, backend=backend)
 
     def forward(self, x: Tensor | FusedInput) -> Tensor:
-        if not fusing_inputs():
-            return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), self.backend))
-        weights = [self.gate_proj.weight, self.up_proj.weight]
-        weight = self._inference_cached("gate_up", weights, lambda: torch.cat(weights))
-        both = linear(x, weight, None, self.backend)  # [..., 2 · intermediate]: gate, then up
-        return self.down_proj(SwiGLUed(both, self.backend))
+        if has_hooks(self.gate_proj) or has_hooks(self.up_proj):
+            x = x.compute() if isinstance(x, FusedInput) else x
+            both = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
+        else:
+            weights = [self.gate_proj.weight, self.up_proj.weight]
+            weight = self._inference_cached("gate_up", weights, lambda: torch.cat(weights))
+            both = linear(x, weight, None, self.backend)  # [..., 2 · intermediate]: gate, then up
+        if fusing_inputs():
+            return self.down_proj(SwiGLUed(both, self.backend))
+        return self.down_proj(swiglu(both, self.backend))
 
     def local_param_roles(self) -> dict[str, str]:
         return {f"{name}.weight": "hidden" for name in ("gate_proj", "up_proj", "down_proj")}
+
+
+def has_hooks(module: nn.Module) -> bool:
+    """Whether calling ``module`` would run forward hooks (its own or global ones)."""
+    from torch.nn.modules import module as module_globals
+
+    return bool(module._forward_hooks or module._forward_pre_hooks or module_globals._global_forward_hooks
+                or module_globals._global_forward_pre_hooks)  # fmt: skip
 
 
 class RMSNorm(nn.Module):
@@ -224,16 +239,21 @@ class LanguageModel(nn.Module):
             x = x.reshape(1, -1, x.shape[-1])  # [1, B·T, D]: rows fold into one packed sequence
         new_state = []
         recompute = self.config.checkpoint_activations and torch.is_grad_enabled() and not return_state
-        # inference: each block's last residual add goes into the next norm's kernel (Block.deferred); with
-        # autograd, under torch.compile, and for blocks with hooks (coordinate checks) or compiled in place
-        # (training's validation) the blocks run whole
-        defer = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        # each block's last residual add goes into the next norm's kernel (Block.deferred), eager training
+        # included; a block runs whole under torch.compile (inductor in torch 2.11 spent minutes printing ever
+        # deeper IR expressions of the 21-layer graph so deferred, not finishing in 6), with hooks (coordinate
+        # checks, FSDP) or compiled in place (torchtitan): those wrap its forward
+        defer = not torch.compiler.is_compiling()
         pending = None  # the previous block's MLP output, not yet added to x
         for i, layer in enumerate(self.layers):
             layer_state_in = None if state is None else state[i]
             whole = layer._forward_hooks or layer._forward_pre_hooks or layer._compiled_call_impl is not None
             if defer and not whole:
-                x, pending, layer_state = layer.deferred(x, pending, layer_state_in, return_state, documents)
+                if recompute:
+                    x, pending, layer_state = checkpoint(layer.deferred, x, pending, None, False, documents,
+                                                         use_reentrant=False)  # fmt: skip
+                else:
+                    x, pending, layer_state = layer.deferred(x, pending, layer_state_in, return_state, documents)
                 new_state.append(layer_state)
                 continue
             if pending is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -412,37 +413,46 @@ class LinearRNNMixer(InferenceCache, nn.Module):
         return {name: getattr(self, f"{name}_proj") for name in names}
 
     def project(self, x: Tensor | FusedInput) -> dict[str, Tensor]:
-        """{name: projection of x ``[B, T, width]``} for ``input_projections``, as one GEMM over the concatenated
-        weights (x is read once, and its gradient is one GEMM), plus ``"streams"``: the columns of all the streams
-        (q, k, v, extra keys; they come first), which the short conv reads as one block. The GEMM's width is padded
-        with zero rows to a multiple of ``PROJECTION_ALIGNMENT``: with an unaligned row (GDN's q, k, v, g and two
-        gates: 4620 columns at 340M) cuBLAS ran an sm80 CUTLASS kernel at ~260 TFLOP/s on an H100 instead of its
-        Hopper kernels. While probed (coordinate checks, which hook each module) every module runs on its own and
-        there is no ``"streams"`` block."""
+        """{name: projection of x ``[B, T, width]``} for ``input_projections``, plus ``"streams"``: the columns of all
+        the streams (q, k, v, extra keys; they come first), which the short conv reads as one block. Without
+        autograd (decoding, evaluation) all run as one GEMM over the concatenated weights, kept between calls. With
+        autograd, two: the streams', whose output is the block itself, so the short conv's input gradient is that
+        GEMM's output gradient as it is, and the rest's (one GEMM over all would concatenate the two gradients: a copy
+        of every row). Each GEMM's width is padded with zero rows to a multiple of ``PROJECTION_ALIGNMENT``: with an
+        unaligned row (GDN's q, k, v, g and two gates: 4620 columns at 340M) cuBLAS ran an sm80 CUTLASS kernel at
+        ~260 TFLOP/s on an H100 instead of its Hopper kernels. While probed (coordinate checks, which hook each
+        module) every module runs on its own and there is no ``"streams"`` block."""
         projections = self.input_projections()
         if self.probes is not None:
             x = x.compute() if isinstance(x, FusedInput) else x
             return {name: module(x) for name, module in projections.items()}
         first = {name: module[0] if isinstance(module, nn.Sequential) else module
                  for name, module in projections.items()}  # fmt: skip
-        widths = [linear.out_features for linear in first.values()]
-        padding = -sum(widths) % PROJECTION_ALIGNMENT
-        linears = list(first.values())
-        parameters = [p for linear in linears for p in (linear.weight, linear.bias) if p is not None]
-        weight, bias = self._inference_cached("projection", parameters, lambda: _concatenated(linears, padding))
-        # one split of the GEMM's output (the streams as one block) and the streams as views of that block, so the
-        # backward concatenates the block's gradient (from the conv) with the rest once
+        names = list(first)
         streams = len(self.stream_names)
-        starts = [sum(widths[:i]) for i in range(len(widths))]
-        columns = {name: (start, width) for name, start, width in zip(first, starts, widths, strict=True)}
-        gates = self.gate_columns(columns) if fusing_inputs() else None
-        projected = linear(x, weight, bias, self.config.backend, gates)
-        block, *rest = projected.split([sum(widths[:streams]), *widths[streams:], padding], dim=-1)
-        outputs = [*block.split(widths[:streams], dim=-1), *rest[: len(widths) - streams]]
-        projected = dict(zip(first, outputs, strict=True))
-        projected["streams"] = block
-        if gates is not None and gates.g is not None:
-            projected["mamba_gates"] = {"g": gates.g, "beta": gates.beta}
+        groups = [names[:streams], names[streams:]] if torch.is_grad_enabled() else [names]
+        projected: dict[str, Tensor] = {}
+        for index, group in enumerate(groups):
+            linears = [first[name] for name in group]
+            widths = [linear.out_features for linear in linears]
+            padding = -sum(widths) % PROJECTION_ALIGNMENT
+            parameters = [p for linear in linears for p in (linear.weight, linear.bias) if p is not None]
+            slot = "projection" if index == 0 else f"projection{index}"  # training pops the inference copy's slot
+            weight, bias = self._inference_cached(slot, parameters,
+                                                  partial(_concatenated, linears, padding))  # fmt: skip
+            starts = [sum(widths[:i]) for i in range(len(widths))]
+            columns = {name: (start, width) for name, start, width in zip(group, starts, widths, strict=True)}
+            gates = self.gate_columns(columns) if fusing_inputs() else None
+            product = linear(x, weight, bias, self.config.backend, gates)
+            if group[0] == names[0]:  # the streams first: their block as one tensor, the streams as its views
+                width = sum(widths[:streams])
+                block = product if width == product.shape[-1] else product[..., :width]
+                projected.update(zip(group, block.split(widths[:streams], dim=-1), strict=False))
+                projected["streams"] = block
+            rest = product.split([*widths, padding], dim=-1)
+            projected.update({name: rest[i] for i, name in enumerate(group) if name not in projected})
+            if gates is not None and gates.g is not None:
+                projected["mamba_gates"] = {"g": gates.g, "beta": gates.beta}
         for name, module in projections.items():
             if isinstance(module, nn.Sequential):
                 projected[name] = module[1:](projected[name])

@@ -99,28 +99,44 @@ def test_gated_norm_bf16(backend):
     torch.testing.assert_close(y.cpu().double(), expected, rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.usefixtures("poisoned_outputs")
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("shape", [(3, 5, 7), (2, 1100)])
-def test_swiglu_matches_formula(backend, shape):
-    torch.manual_seed(3)
-    a, b = leaf(*shape), leaf(*shape)
-    check_against_formula(lambda *t: swiglu(*t, backend=backend), lambda a, b: a * torch.sigmoid(a) * b, (a, b),
-                          atol=2e-6, dtype_out=torch.float32)  # fmt: skip
-
-
-@pytest.mark.usefixtures("poisoned_outputs")
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_swiglu_reads_column_slices_in_place(backend):
-    """Decoding's SwiGLU: a and b the two halves of one GEMM's output ``[B, T, 2I]`` (rows 2I apart) give the
-    formula without a copy of either."""
-    torch.manual_seed(4)
-    both = torch.randn(3, 2, 2 * 37, dtype=torch.float64).float().to(DEVICE)
+def swiglu_formula(both):
     a, b = both.chunk(2, dim=-1)
+    return a * torch.sigmoid(a) * b
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(3, 5, 14), (2, 2200)])
+def test_swiglu_matches_formula(backend, shape):
+    """Output and the one gradient of both halves (written together by the Triton backward) against fp64."""
+    torch.manual_seed(3)
+    check_against_formula(lambda both: swiglu(both, backend=backend), swiglu_formula, (leaf(*shape),), atol=2e-6,
+                          dtype_out=torch.float32)  # fmt: skip
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_swiglu_reads_a_column_slice_in_place(backend):
+    """Both halves as a column slice of a wider matrix ``[B, T, 2I + 6]`` (rows 2I + 6 apart): no copy, the formula,
+    and the gradient lands in the slice's columns only."""
+    torch.manual_seed(4)
+    wide = leaf(3, 2, 2 * 37 + 6)
+    both = wide[..., : 2 * 37]
     with torch.no_grad(), recorded_copies() as copies:
-        y = swiglu(a, b, backend=backend)
+        y = swiglu(both, backend=backend)
     assert copies == []
-    torch.testing.assert_close(y.double().cpu(), (a * torch.sigmoid(a) * b).double().cpu(), rtol=1e-6, atol=1e-6)
+    expected = swiglu_formula(both.detach().double().cpu())
+    torch.testing.assert_close(y.double().cpu(), expected, rtol=1e-6, atol=1e-6)
+    swiglu(both, backend=backend).sum().backward()
+    exact = both.detach().double().cpu().requires_grad_()
+    swiglu_formula(exact).sum().backward()
+    torch.testing.assert_close(wide.grad[..., : 2 * 37].double().cpu(), exact.grad, rtol=1e-6, atol=1e-6)
+    assert (wide.grad[..., 2 * 37 :] == 0).all()
+
+
+def test_swiglu_rejects_an_odd_width():
+    with pytest.raises(ValueError, match="argument 'both' must have an even last dim, got shape \\[2, 7\\]"):
+        swiglu(torch.zeros(2, 7))
 
 
 def rms_formula(x, weight, eps):
@@ -318,5 +334,5 @@ def test_custom_op_registration():
     for gate in ("silu", "sigmoid"):
         results = torch.library.opcheck(gated_rms_norm_op, (leaf(2, 5, 2, 8), leaf(2, 5, 2, 8), leaf(8), 1e-6, gate))
         assert set(results.values()) == {"SUCCESS"}, results
-    results = torch.library.opcheck(swiglu_op, (leaf(4, 9), leaf(4, 9)))
+    results = torch.library.opcheck(swiglu_op, (leaf(4, 18),))
     assert set(results.values()) == {"SUCCESS"}, results

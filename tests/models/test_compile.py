@@ -161,23 +161,32 @@ def test_triton_model_compiles_and_equals_eager():
 def test_inductor_bf16_on_gpu_equals_eager(cell):
     """On CUDA with the Triton kernels, bf16 autocast: inductor's compiled model against eager, logits within 1e-2
     relative, and every parameter gradient as close to the fp32 model's as the eager bf16 one is (at most 1.5× its
-    error, plus 5e-3). Compared directly, compiled and eager bf16 gradients differ by their rounding in different
-    places; where a gradient is a difference of nearly cancelling sums (GammaNet's ``log_gamma``, KDA's ``A_log``)
-    that alone reached 3–4e-2 on the CPU's torch path (``experiments/compile_parity.py --cpu``), with eager bf16 as far
-    from fp32. The fp32 model is the common reference."""
+    error, plus 5e-3), each error the mean over 4 batches. Compared directly, compiled and eager bf16 gradients
+    differ by their rounding in different places; where a gradient is a difference of nearly cancelling sums
+    (GammaNet's ``log_gamma``, KDA's ``A_log``) that alone reached 3–4e-2 on the CPU's torch path
+    (``experiments/compile_parity.py --cpu``), with eager bf16 as far from fp32. On one batch those errors vary
+    severalfold from batch to batch, compiled and eager alike: GDN's ``dt_bias`` and ``A_log`` (two numbers a layer)
+    broke the bound on 1 of 6 batches on an H200 (``compile_parity.py --seeds 6``) with the same code as on the
+    batches where they kept it; the mean over batches is the steady measure. The fp32 model is the common reference."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = linrnn.build_model(cell, num_layers=2, hidden_size=256, num_heads=2, vocab_size=512).cuda()
     compiled = torch.compile(copy.deepcopy(model), fullgraph=True)
     gen = torch.Generator(device="cuda").manual_seed(7)
-    ids, targets = (torch.randint(0, 512, (2, 300), device="cuda", generator=gen) for _ in range(2))
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        (logits, grads), (ref_logits, ref_grads) = (loss_and_grads(m, ids, targets) for m in (compiled, model))
-    _, fp32_grads = loss_and_grads(model, ids, targets)
-    assert relative_error(logits.float(), ref_logits.float()) <= 1e-2
-    for name, fp32_grad in fp32_grads.items():
-        eager_error = relative_error(ref_grads[name], fp32_grad)
-        assert relative_error(grads[name], fp32_grad) <= 1.5 * eager_error + 5e-3, (name, eager_error)
+    batches = 4
+    errors = {}  # name: [compiled, eager] summed over the batches
+    for _ in range(batches):
+        ids, targets = (torch.randint(0, 512, (2, 300), device="cuda", generator=gen) for _ in range(2))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            (logits, grads), (ref_logits, ref_grads) = (loss_and_grads(m, ids, targets) for m in (compiled, model))
+        _, fp32_grads = loss_and_grads(model, ids, targets)
+        assert relative_error(logits.float(), ref_logits.float()) <= 1e-2
+        for name, fp32_grad in fp32_grads.items():
+            sums = errors.setdefault(name, [0.0, 0.0])
+            sums[0] += relative_error(grads[name], fp32_grad) / batches
+            sums[1] += relative_error(ref_grads[name], fp32_grad) / batches
+    for name, (compiled_error, eager_error) in errors.items():
+        assert compiled_error <= 1.5 * eager_error + 5e-3, (name, compiled_error, eager_error)
 
 
 @pytest.mark.gpu

@@ -141,45 +141,54 @@ def gated_rms_norm_backward(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor, ep
 
 
 @triton.jit
-def _swiglu_fwd_kernel(a, b, y, n, cols, a_row, b_row, BLOCK: tl.constexpr):
-    """y ``[n / cols, cols]`` contiguous from a, b rows ``a_row`` and ``b_row`` apart (column slices of one GEMM's
-    output when decoding)."""
+def _swiglu_fwd_kernel(both, y, n, cols, row, BLOCK: tl.constexpr):
+    """y ``[n / cols, cols]`` contiguous from the halves ``[a | b]`` of rows ``row`` apart (a column slice of a
+    wider matrix when decoding)."""
     at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = at < n
-    row, col = at // cols, at % cols
-    av = tl.load(a + row * a_row + col, mask=mask, other=0).to(tl.float32)
-    bv = tl.load(b + row * b_row + col, mask=mask, other=0).to(tl.float32)
+    spot = at // cols * row + at % cols
+    av = tl.load(both + spot, mask=mask, other=0).to(tl.float32)
+    bv = tl.load(both + spot + cols, mask=mask, other=0).to(tl.float32)
     tl.store(y + at, (av * tl.sigmoid(av) * bv).to(y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _swiglu_bwd_kernel(a, b, dy, da, db, n, BLOCK: tl.constexpr):
+def _swiglu_bwd_kernel(both, dy, d_both, n, cols, row, BLOCK: tl.constexpr):
+    """d_both ``[n / cols, 2 · cols]`` contiguous (da beside db: the gradient of the one product) from dy
+    contiguous and the halves of ``both`` (rows ``row`` apart)."""
     at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = at < n
-    av = tl.load(a + at, mask=mask, other=0).to(tl.float32)
-    bv = tl.load(b + at, mask=mask, other=0).to(tl.float32)
+    row_index, col = at // cols, at % cols
+    spot = row_index * row + col
+    av = tl.load(both + spot, mask=mask, other=0).to(tl.float32)
+    bv = tl.load(both + spot + cols, mask=mask, other=0).to(tl.float32)
     grad = tl.load(dy + at, mask=mask, other=0).to(tl.float32)
     gate = tl.sigmoid(av)
-    tl.store(da + at, (grad * bv * gate * (1 + av * (1 - gate))).to(da.dtype.element_ty), mask=mask)
-    tl.store(db + at, (grad * av * gate).to(db.dtype.element_ty), mask=mask)
+    out = row_index * (2 * cols) + col
+    tl.store(d_both + out, (grad * bv * gate * (1 + av * (1 - gate))).to(d_both.dtype.element_ty), mask=mask)
+    tl.store(d_both + out + cols, (grad * av * gate).to(d_both.dtype.element_ty), mask=mask)
 
 
-def swiglu_forward(a: Tensor, b: Tensor) -> Tensor:
-    """a, b of one shape ``[..., C]``, each contiguous or a column slice of a wider contiguous matrix (rows at one
-    stride, unit column stride) → SiLU(a) · b contiguous, in a's dtype."""
-    y = new_output(a.shape, a.dtype, a.device)
-    cols = a.shape[-1]
-    a_rows, b_rows = (x.reshape(-1, cols) for x in (a, b))  # views for column slices: their rows keep their stride
-    _swiglu_fwd_kernel[(triton.cdiv(a.numel(), SWIGLU_BLOCK),)](
-        a_rows, b_rows, y, a.numel(), cols, a_rows.stride(0), b_rows.stride(0), BLOCK=SWIGLU_BLOCK
-    )
+def swiglu_forward(both: Tensor) -> Tensor:
+    """both ``[..., 2C]`` = ``[a | b]`` with its rows at one stride (contiguous, or a column slice of a wider
+    matrix) and unit column stride → SiLU(a) · b ``[..., C]`` contiguous, in both's dtype."""
+    cols = both.shape[-1] // 2
+    y = new_output((*both.shape[:-1], cols), both.dtype, both.device)
+    rows = both.reshape(-1, 2 * cols)  # a view for a column slice: its rows keep their stride
+    _swiglu_fwd_kernel[(triton.cdiv(y.numel(), SWIGLU_BLOCK),)](rows, y, y.numel(), cols, rows.stride(0),
+                                                                BLOCK=SWIGLU_BLOCK)  # fmt: skip
     return y
 
 
-def swiglu_backward(dy: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    da, db = new_output(a.shape, a.dtype, a.device), new_output(b.shape, b.dtype, b.device)
-    _swiglu_bwd_kernel[(triton.cdiv(a.numel(), SWIGLU_BLOCK),)](a, b, dy, da, db, a.numel(), BLOCK=SWIGLU_BLOCK)
-    return da, db
+def swiglu_backward(dy: Tensor, both: Tensor) -> Tensor:
+    """dy ``[..., C]`` contiguous, both as ``swiglu_forward`` reads it → d_both ``[..., 2C]`` contiguous, both's
+    dtype."""
+    cols = both.shape[-1] // 2
+    rows = both.reshape(-1, 2 * cols)
+    d_both = new_output(both.shape, both.dtype, both.device)
+    _swiglu_bwd_kernel[(triton.cdiv(dy.numel(), SWIGLU_BLOCK),)](rows, dy, d_both, dy.numel(), cols, rows.stride(0),
+                                                                 BLOCK=SWIGLU_BLOCK)  # fmt: skip
+    return d_both
 
 
 @triton.jit
