@@ -247,7 +247,7 @@ class LanguageModel(nn.Module):
         pending = None  # the previous block's MLP output, not yet added to x
         for i, layer in enumerate(self.layers):
             layer_state_in = None if state is None else state[i]
-            whole = layer._forward_hooks or layer._forward_pre_hooks or layer._compiled_call_impl is not None
+            whole = has_hooks(layer) or layer._compiled_call_impl is not None
             if defer and not whole:
                 if recompute:
                     x, pending, layer_state = checkpoint(layer.deferred, x, pending, None, False, documents,

@@ -444,13 +444,13 @@ class LinearRNNMixer(InferenceCache, nn.Module):
             columns = {name: (start, width) for name, start, width in zip(group, starts, widths, strict=True)}
             gates = self.gate_columns(columns) if fusing_inputs() else None
             product = linear(x, weight, bias, self.config.backend, gates)
-            if group[0] == names[0]:  # the streams first: their block as one tensor, the streams as its views
+            if index == 0:  # the streams come first: their block as one tensor, the streams as its views
                 width = sum(widths[:streams])
                 block = product if width == product.shape[-1] else product[..., :width]
-                projected.update(zip(group, block.split(widths[:streams], dim=-1), strict=False))
                 projected["streams"] = block
-            rest = product.split([*widths, padding], dim=-1)
-            projected.update({name: rest[i] for i, name in enumerate(group) if name not in projected})
+                projected.update(zip(names[:streams], block.split(widths[:streams], dim=-1), strict=True))
+            *pieces, _ = product.split([*widths, padding], dim=-1)  # the last: the padding
+            projected.update((name, piece) for name, piece in zip(group, pieces, strict=True) if name not in projected)
             if gates is not None and gates.g is not None:
                 projected["mamba_gates"] = {"g": gates.g, "beta": gates.beta}
         for name, module in projections.items():
