@@ -12,8 +12,8 @@ one.
 A variant is a JSON object: ``warps`` ``{kernel: n}`` (``"*"``: every kernel), ``stages`` (``STAGES_16BIT``),
 ``kernel_stages`` (``KERNEL_STAGES_16BIT``), ``local_first`` (``STATE_BWD_LOCAL_FIRST``), ``min_programs``
 (``STATE_MIN_PROGRAMS``), ``keep_intra`` (``library.KEEP_INTRA``), ``state_block_v`` (``STATE_BLOCK_V`` entries,
-e.g. ``{"128": 128}``), ``fused_block_v`` (``FUSED_BLOCK_V``). Run on the device with the carried wheels on
-PYTHONPATH::
+e.g. ``{"128": 128}``), ``fused_block_v`` (``FUSED_BLOCK_V``), ``output_block_v`` (``OUTPUT_BLOCK_V``). Run on the
+device with the carried wheels on PYTHONPATH::
 
     python3 experiments/tune_chunk.py --cells gammanet kda --shapes 4x4096 1x16384 > $OUT/tune.jsonl
 
@@ -76,6 +76,8 @@ def apply(variant: dict) -> None:
         chunk.STATE_BLOCK_V.update({int(width): block for width, block in variant["state_block_v"].items()})
     if "fused_block_v" in variant:
         chunk.FUSED_BLOCK_V = variant["fused_block_v"]
+    if "output_block_v" in variant:
+        chunk.OUTPUT_BLOCK_V = variant["output_block_v"]
 
 
 def inputs(cell: str, batch: int, steps: int, heads: int, key_dim: int, value_dim: int):

@@ -24,11 +24,27 @@ from linrnn.kernels.fused import l2_normalize
 def short_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, offset: Tensor | None = None,
                backend: str = "auto") -> Tensor:  # fmt: skip
     """See the module docstring; ``backend`` as the mixers' (``linrnn.kernels.use_triton``)."""
+    (y,) = short_conv_pieces(x, weight, [x.shape[-1]], history, offset, backend)
+    return y
+
+
+def short_conv_pieces(x: Tensor, weight: Tensor, widths: list[int], history: Tensor | None = None,
+                      offset: Tensor | None = None, backend: str = "auto") -> tuple[Tensor, ...]:  # fmt: skip
+    """``short_conv``'s output split along the channels into ``widths`` (a mixer's streams). On the Triton path
+    (up to ``MAX_PIECES`` widths) each piece is its own contiguous tensor, and the backward reads the pieces'
+    gradients where they are: a split of one output would have autograd concatenate them, a copy of every row."""
+    if sum(widths) != x.shape[-1]:
+        raise ValueError(f"short_conv_pieces: argument 'widths' must add up to x's {x.shape[-1]} channels, got "
+                         f"{widths}")  # fmt: skip
     if use_triton(x, backend):
+        from linrnn.kernels.triton.short_conv import MAX_PIECES
+
         if history is not None:
             history = history.to(x.dtype)
-        return short_conv_op(x, weight, history, offset)
-    return short_conv_torch(x, weight, history, offset)
+        if len(widths) <= MAX_PIECES:
+            return tuple(short_conv_op(x, weight, history, offset, list(widths)))
+        return short_conv_op(x, weight, history, offset, [x.shape[-1]])[0].split(widths, dim=-1)
+    return short_conv_torch(x, weight, history, offset).split(widths, dim=-1)
 
 
 def short_conv_step(x: Tensor, weight: Tensor, history: Tensor, backend: str = "auto",
@@ -85,24 +101,25 @@ def short_conv_torch(x: Tensor, weight: Tensor, history: Tensor | None, offset: 
 
 
 @torch.library.custom_op("linrnn::short_conv", mutates_args=())
-def short_conv_op(x: Tensor, weight: Tensor, history: Tensor | None, offset: Tensor | None) -> Tensor:
+def short_conv_op(x: Tensor, weight: Tensor, history: Tensor | None, offset: Tensor | None,
+                  widths: list[int]) -> list[Tensor]:  # fmt: skip
     from linrnn.kernels.triton.short_conv import short_conv_forward
 
-    return short_conv_forward(_columns_unit(x), _taps(weight), _contiguous(history), _contiguous(offset))
+    return short_conv_forward(_columns_unit(x), _taps(weight), _contiguous(history), _contiguous(offset), widths)
 
 
 @short_conv_op.register_fake
-def _(x, weight, history, offset):
-    return x.new_empty(x.shape)
+def _(x, weight, history, offset, widths):
+    return [x.new_empty((*x.shape[:-1], width)) for width in widths]
 
 
 @torch.library.custom_op("linrnn::short_conv_backward", mutates_args=())
-def short_conv_backward_op(dy: Tensor, x: Tensor, weight: Tensor, history: Tensor | None,
+def short_conv_backward_op(dys: list[Tensor], x: Tensor, weight: Tensor, history: Tensor | None,
                            offset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     from linrnn.kernels.triton.short_conv import short_conv_backward
 
-    dx, dw = short_conv_backward(dy.contiguous(), _columns_unit(x), _taps(weight), _contiguous(history),
-                                 _contiguous(offset))  # fmt: skip
+    dx, dw = short_conv_backward([dy.contiguous() for dy in dys], _columns_unit(x), _taps(weight),
+                                 _contiguous(history), _contiguous(offset))  # fmt: skip
     d_history = x.new_empty((0,))
     if history is not None:  # only the first W − 1 outputs read the history: differentiate them in torch
         head = weight.shape[-1] - 1
@@ -112,24 +129,27 @@ def short_conv_backward_op(dy: Tensor, x: Tensor, weight: Tensor, history: Tenso
             return short_conv_torch(x[:, :head].float(), weight.float(), h.float(), head_offset)
 
         _, vjp = torch.func.vjp(first_outputs, history)
-        (d_history,) = vjp(dy[:, :head].float())
+        (d_history,) = vjp(torch.cat([dy[:, :head] for dy in dys], dim=-1).float())
         d_history = d_history.to(history.dtype)
     return dx, dw.to(weight.dtype).view(weight.shape), d_history
 
 
 @short_conv_backward_op.register_fake
-def _(dy, x, weight, history, offset):
+def _(dys, x, weight, history, offset):
     return x.new_empty(x.shape), weight.new_empty(weight.shape), x.new_empty((0,) if history is None else history.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+    x, weight, history, offset, widths = inputs
+    ctx.save_for_backward(x, weight, history, offset)
+    ctx.widths = widths
 
 
-def _backward(ctx, dy):
+def _backward(ctx, dys):
     x, weight, history, offset = ctx.saved_tensors
-    dx, dw, d_history = short_conv_backward_op(dy, x, weight, history, offset)
-    return dx, dw, d_history if history is not None else None, None
+    dys = [x.new_zeros((*x.shape[:-1], width)) if dy is None else dy for dy, width in zip(dys, ctx.widths, strict=True)]
+    dx, dw, d_history = short_conv_backward_op(dys, x, weight, history, offset)
+    return dx, dw, d_history if history is not None else None, None, None
 
 
 short_conv_op.register_autograd(_backward, setup_context=_setup_context)

@@ -31,7 +31,7 @@ from linrnn.kernels import eager
 from linrnn.kernels.context_parallel import Shard, chained_recurrence, convolve_with_halo
 from linrnn.kernels.fused import MambaGateColumns, gated_rms_norm, l2_normalize
 from linrnn.kernels.linear import FusedInput, GatedRMSNormed, Linear, fusing_inputs, linear
-from linrnn.kernels.short_conv import normalize_leading, short_conv, short_conv_step
+from linrnn.kernels.short_conv import normalize_leading, short_conv, short_conv_pieces, short_conv_step
 
 
 class MixerOptions(BaseModel):
@@ -181,28 +181,39 @@ class ShortConv(nn.Module):
 
 
 def causal_conv(x: Tensor, weight: Tensor, history: Tensor | None = None, documents: Documents | None = None,
-                backend: str = "auto", in_place: bool = False, normalize: tuple[int, int, float] | None = None
-                ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+                backend: str = "auto", in_place: bool = False, normalize: tuple[int, int, float] | None = None,
+                widths: list[int] | None = None) -> tuple[Tensor | tuple[Tensor, ...], Tensor | None]:  # fmt: skip
     """Causal depthwise conv over time followed by SiLU (``linrnn.kernels.short_conv``): x ``[B, T, C]`` (any row
     stride), weight ``[C, 1, W]`` → (SiLU(conv) ``[B, T, C]``, last ``W − 1`` inputs ``[B, C, W − 1]``). With packed
     ``documents`` (B = 1), taps reaching before a document's start contribute nothing, and the second result is None
     (``last_inputs_per_document`` gives each document's). ``backend`` is the mixer's (``linrnn.kernels.use_triton``).
     ``in_place`` (decoding): the new last inputs are written into ``history``, which is returned; one token takes
     ``short_conv_step``. ``normalize`` (channels, group, eps): the first ``channels`` outputs L2-normalised in
-    groups of ``group`` (decoding's q and k: in the step's launch)."""
+    groups of ``group`` (decoding's q and k: in the step's launch). ``widths``: the first result split along the
+    channels into a tuple of these widths, as separate tensors where the conv runs whole (``short_conv_pieces``)."""
     if normalize is not None and not (in_place and x.shape[1] == 1 and documents is None):
         raise ValueError("causal_conv: argument 'normalize' is for one decoding token (in_place, T = 1, no documents)")
     keep = weight.shape[-1] - 1
+
+    def split(y: Tensor) -> Tensor | tuple[Tensor, ...]:
+        return y if widths is None else y.split(widths, dim=-1)
+
+    def whole(offset: Tensor | None) -> Tensor | tuple[Tensor, ...]:
+        if widths is None:
+            return short_conv(x, weight, history if offset is None else None, offset, backend)
+        return short_conv_pieces(x, weight, widths, history if offset is None else None, offset, backend)
+
     if documents is not None and documents.shard is not None:  # context parallelism: the previous rank's inputs first
         conv = lambda inputs, offset: short_conv(inputs, weight, None, offset, backend)  # noqa: E731
-        return convolve_with_halo(conv, x, documents.shard, documents.positions, keep), None
+        return split(convolve_with_halo(conv, x, documents.shard, documents.positions, keep)), None
     if documents is not None:
-        return short_conv(x, weight, None, documents.offset, backend), None
+        return whole(documents.offset), None
     if in_place and x.shape[1] == 1 and keep > 0 and history.dtype == x.dtype and history.is_contiguous():
-        return short_conv_step(x, weight, history, backend, normalize), history
-    y = short_conv(x, weight, history, None, backend)
+        return split(short_conv_step(x, weight, history, backend, normalize)), history
     if normalize is not None:
-        y = normalize_leading(y, normalize, backend)
+        y = split(normalize_leading(short_conv(x, weight, history, None, backend), normalize, backend))
+    else:
+        y = whole(None)
     if in_place:
         return y, history.copy_(last_inputs(x, history, keep))
     return y, last_inputs(x, history, keep)
@@ -478,8 +489,9 @@ class LinearRNNMixer(InferenceCache, nn.Module):
             return {name: y for name, (y, _) in zip(names, outputs, strict=True)}, new
         weights = [conv.weight for conv in convs]
         weight = self._inference_cached("conv", weights, lambda: torch.cat(weights))
-        y, new = causal_conv(projected["streams"], weight, history, documents, backend, in_place, normalize)
-        return dict(zip(names, y.split(widths, dim=-1), strict=True)), new
+        pieces, new = causal_conv(projected["streams"], weight, history, documents, backend, in_place, normalize,
+                                  widths)  # fmt: skip
+        return dict(zip(names, pieces, strict=True)), new
 
     def _keys_normalized_in_conv(self, projected: dict[str, Tensor], in_place: bool) -> tuple[int, int, float] | None:
         """Decoding one token through the streams' one conv: q and k's L2 norm in the short conv's launch, as

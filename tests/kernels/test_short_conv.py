@@ -15,7 +15,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported: set it first
 
-from linrnn.kernels.short_conv import short_conv, short_conv_step  # noqa: E402
+from linrnn.kernels.short_conv import short_conv, short_conv_pieces, short_conv_step  # noqa: E402
 from tests.helpers import nan_filled  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -125,6 +125,54 @@ def test_backward_programs_walk_several_blocks(monkeypatch, layout):
 
 @pytest.mark.usefixtures("poisoned_outputs")
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("widths", [[7, 20, 3, 10], [25, 15], [40], [8, 8, 8, 8, 8]], ids=["4", "2", "1", "5"])
+@pytest.mark.parametrize("layout", ["history", "packed"])
+def test_pieces_match_the_loop(backend, widths, layout, monkeypatch):
+    """``short_conv_pieces`` (the mixers' streams): the output split into channel pieces — on the Triton path up to
+    four separate contiguous tensors, whose gradients the backward reads in place (more: one output, split) — over
+    a row stride wider than the channels, with the history or packed documents, against the fp64 loop; a piece whose
+    output goes unused has no gradient (0). Backward spans of 48 rows over 150, 16 of 40 channels a program (the
+    pieces cross the programs' channel blocks)."""
+    if backend == "triton":
+        from linrnn.kernels.triton import short_conv as kernels
+
+        monkeypatch.setattr(kernels, "BWD_SPAN", 48)
+        monkeypatch.setattr(kernels, "BWD_CHANNELS", 16)
+    torch.manual_seed(len(widths))
+    steps = 150
+    wide, weight = leaf(1, steps, 45), leaf(40, 1, 4)
+    x = wide[..., 2:42]
+    history, offset = leaf(1, 40, 3), None
+    if layout == "packed":
+        history, offset = None, torch.cat([torch.arange(n) for n in [30, 3, 40, 70, 7]]).to(DEVICE)
+    pieces = short_conv_pieces(x, weight, widths, history, offset, backend)
+    assert [piece.shape[-1] for piece in pieces] == widths
+    if backend == "triton" and len(widths) <= 4:
+        assert all(piece.is_contiguous() for piece in pieces)
+    used = pieces[:-1] if len(pieces) > 1 else pieces  # the last piece unused (when there are several)
+    dys = [torch.randn(piece.shape, dtype=torch.float64) for piece in used]
+    leaves = [t for t in (wide, weight, history) if t is not None]
+    grads = torch.autograd.grad(used, leaves, [dy.to(DEVICE) for dy in dys])
+    cpu = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    expected = conv_loop(cpu[0][..., 2:42], cpu[1], cpu[2] if history is not None else None,
+                         None if offset is None else offset.cpu())  # fmt: skip
+    torch.testing.assert_close(torch.cat([piece.detach() for piece in pieces], -1).cpu().double(), expected, rtol=0,
+                               atol=2e-5)  # fmt: skip
+    expected_used = expected.split(widths, dim=-1)[: len(used)]
+    expected_grads = torch.autograd.grad(expected_used, cpu, dys)
+    for name, got, want in zip(["dx", "dw", "d_history"], grads, expected_grads, strict=False):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=2e-5 * max(want.abs().max().item(), 1),
+                                   msg=name)  # fmt: skip
+
+
+def test_pieces_must_cover_the_channels():
+    x, weight = leaf(1, 5, 6), leaf(6, 1, 4)
+    with pytest.raises(ValueError, match="argument 'widths' must add up to x's 6 channels, got \\[2, 3\\]"):
+        short_conv_pieces(x, weight, [2, 3])
+
+
+@pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_column_slice_of_a_wider_matrix(backend):
     """The mixers convolve slices of one projection GEMM's output: a row stride wider than the channels."""
     torch.manual_seed(4)
@@ -201,5 +249,5 @@ def test_custom_op_registration(with_history):
     torch.manual_seed(6)
     x, weight = leaf(2, 11, 9), leaf(9, 1, 4)
     history = leaf(2, 9, 3) if with_history else None
-    results = torch.library.opcheck(short_conv_op, (x, weight, history, None))
+    results = torch.library.opcheck(short_conv_op, (x, weight, history, None, [2, 4, 3]))
     assert set(results.values()) == {"SUCCESS"}, results

@@ -73,6 +73,15 @@ def test_two_key_blocks(cell):
     compare(cell, inputs, 1e-5)
 
 
+@pytest.mark.parametrize("cell", ["gated_deltanet", "kda"])
+def test_value_blocks_of_the_output_kernel(cell, monkeypatch):
+    """V = 40 in blocks of 16 value columns (``OUTPUT_BLOCK_V``): the output kernel's later blocks (the first one
+    stores A_qk with per-head decay), the last one partly masked."""
+    monkeypatch.setattr(chunk, "OUTPUT_BLOCK_V", 16)
+    inputs = make_inputs(cell, B=1, T=70, H=2, K=12, V=40, initial_state=True, seed=12)
+    compare(cell, inputs, 1e-5)
+
+
 @pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet", "gdn2"])
 def test_varlen(cell):
     lengths = [3, 64, 1, 17]

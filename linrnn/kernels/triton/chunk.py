@@ -60,6 +60,8 @@ STATE_MIN_PROGRAMS = 64
 WARPS = dict(intra=4, intra_head=8, intra_channel=2, solve_wu=1, solve_wu_decoupled=2, state_fwd=4, output=4,
              state_bwd=8, main=4, main_decoupled=8, local=8, bwd_intra=4, bwd_intra_channel=2, fused=8,
              local_du=4)  # fmt: skip
+# value columns per output-kernel program (each program reads the chunk's q, and k for A_qk, whole)
+OUTPUT_BLOCK_V = 128
 # tied erase with no or per-head decay (DeltaNet, GDN): one backward kernel after the state pass, up to this K
 FUSED_MAX_K = 128
 FUSED_BLOCK_V = 32
@@ -268,7 +270,7 @@ def chunk_forward(
     o = None
     if need_output or layout.decay == DECAY_HEAD.value and not intra_kept:
         o = new_output(v.shape, v.dtype, device)
-        block_v = _block(V, 64)
+        block_v = _block(V, OUTPUT_BLOCK_V)
         chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
             q, k, v, beta, G, states, U, A_qk, A_qw, o, **common, v_stride=v_stride, scale=scale, H=H, K=K, V=V,
             BT=CHUNK, BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,

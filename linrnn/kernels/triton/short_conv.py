@@ -65,20 +65,33 @@ def _tap_input(x, history, b, t, c, t_in, c_in, position, C, stride_b, stride_t,
 
 
 @triton.jit
-def _short_conv_fwd_kernel(x, weight, history, offset, y, T, C, stride_b, stride_t,
+def _piece_columns(p0, p1, p2, p3, e1, e2, e3, c, C):
+    """Channels c of the concatenated ``[.., C]`` as columns of up to four contiguous pieces (piece i holds
+    channels ``e_i .. e_{i+1}``, ``e_0 = 0``, ``e_4 = C``): each channel's pointer in row 0 of its piece, and that
+    piece's width (its row stride)."""
+    column = tl.where(c < e1, p0 + c, tl.where(c < e2, p1 + (c - e1), tl.where(c < e3, p2 + (c - e2), p3 + (c - e3))))
+    width = tl.where(c < e1, e1, tl.where(c < e2, e2 - e1, tl.where(c < e3, e3 - e2, C - e3)))
+    return column, width.to(tl.int64)
+
+
+@triton.jit
+def _short_conv_fwd_kernel(x, weight, history, offset, y0, y1, y2, y3, e1, e2, e3, T, C, stride_b, stride_t,
                            W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_HISTORY: tl.constexpr,
                            IS_VARLEN: tl.constexpr):  # fmt: skip
+    """``[BT, BC]`` of y, stored into its pieces (``_piece_columns``)."""
     block_t, block_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t = block_t * BT + tl.arange(0, BT)
     c = block_c * BC + tl.arange(0, BC)
     pre = _conv_pre(x, history, offset, weight, b, t, c, T, C, stride_b, stride_t, W, BT, BC, HAS_HISTORY, IS_VARLEN)
     out = pre * tl.sigmoid(pre)
-    spot = (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * C + c[None, :]
-    tl.store(y + spot, out.to(y.dtype.element_ty), mask=(t < T)[:, None] & (c < C)[None, :])
+    column, width = _piece_columns(y0, y1, y2, y3, e1, e2, e3, c, C)
+    spot = column[None, :] + (b.to(tl.int64) * T + t.to(tl.int64))[:, None] * width[None, :]
+    tl.store(spot, out.to(y0.dtype.element_ty), mask=(t < T)[:, None] & (c < C)[None, :])
 
 
 @triton.jit
-def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C, stride_b, stride_t,
+def _short_conv_bwd_kernel(x, weight, history, offset, dy0, dy1, dy2, dy3, e1, e2, e3, dx, dw_partial, T, C, stride_b,
+                           stride_t,
                            W: tl.constexpr, BC: tl.constexpr, SPAN: tl.constexpr, HAS_HISTORY: tl.constexpr,
                            IS_VARLEN: tl.constexpr):  # fmt: skip
     """Rows ``[first, last)`` of sequence b (``SPAN`` of them) and channels c, one row per step, with the last W − 1
@@ -90,7 +103,7 @@ def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C,
 
     With packed documents a tap reaching back ``lag`` tokens counts only if its token's ``offset`` ≥ lag, in pre
     and in dx alike. Every row of x and dy is read once (plus 2(W − 1) rows at the span's edges) and ``dw``'s sums
-    stay per channel: no reduction across rows."""
+    stay per channel: no reduction across rows. dy comes in pieces (``_piece_columns``)."""
     block_t, block_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     c = block_c * BC + tl.arange(0, BC)
     c_in = c < C
@@ -107,7 +120,8 @@ def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C,
         dw = dw + (zeros,)
     start = (first - (W - 1)).to(tl.int64)
     x_row = x + b.to(tl.int64) * stride_b + start * stride_t + c  # pointers of row t, advanced each step
-    dy_row = dy + (b.to(tl.int64) * T + start) * C + c
+    dy_column, dy_width = _piece_columns(dy0, dy1, dy2, dy3, e1, e2, e3, c, C)
+    dy_row = dy_column + (b.to(tl.int64) * T + start) * dy_width
     dx_row = dx + (b.to(tl.int64) * T + start - (W - 1)) * C + c  # row t − (W − 1)
     for t in range(first - (W - 1), last + (W - 1)):
         row_in = (t >= 0) & (t < T)
@@ -147,7 +161,7 @@ def _short_conv_bwd_kernel(x, weight, history, offset, dy, dx, dw_partial, T, C,
                 grad_x += taps[W - 1 - lag] * grads[lag]
         r = t - (W - 1)
         tl.store(dx_row, grad_x.to(dx.dtype.element_ty), mask=tl.where((r >= first) & (r < last), c_in, False))
-        x_row, dy_row, dx_row = x_row + stride_t, dy_row + C, dx_row + C
+        x_row, dy_row, dx_row = x_row + stride_t, dy_row + dy_width, dx_row + C
         x_window, grad_window, positions = (), (), ()  # shifted by one row
         for i in tl.static_range(1, W):
             x_window, grad_window, positions = x_window + (rows[i],), grad_window + (grads[i],), positions + (places[i],)  # fmt: skip  # noqa: E501
@@ -215,30 +229,48 @@ def _launch_shape(x: Tensor, rows: int = BLOCK_T, channels: int = BLOCK_C) -> tu
     return triton.cdiv(x.shape[1], rows), triton.cdiv(x.shape[2], channels), x.shape[0]
 
 
-def short_conv_forward(x: Tensor, weight: Tensor, history: Tensor | None, offset: Tensor | None) -> Tensor:
+MAX_PIECES = 4  # of the output (and its gradient): q, k, v and one extra key stream
+
+
+def piece_bounds(pieces: list[Tensor], channels: int) -> tuple[list[Tensor], list[int]]:
+    """Up to ``MAX_PIECES`` pieces ``[B, T, c_i]`` (contiguous, ``Σ c_i = channels``) as the kernels' four pointers
+    (the last repeated) and the three channel bounds ``e_1 .. e_3`` (``channels`` past the last piece)."""
+    widths = [piece.shape[-1] for piece in pieces]
+    if not 1 <= len(pieces) <= MAX_PIECES or sum(widths) != channels:
+        raise ValueError(f"short conv: expected 1 to {MAX_PIECES} pieces of {channels} channels in all, got widths "
+                         f"{widths}")  # fmt: skip
+    ends = [sum(widths[: i + 1]) for i in range(len(widths) - 1)]
+    return pieces + pieces[-1:] * (MAX_PIECES - len(pieces)), ends + [channels] * (MAX_PIECES - 1 - len(ends))
+
+
+def short_conv_forward(x: Tensor, weight: Tensor, history: Tensor | None, offset: Tensor | None,
+                       widths: list[int]) -> list[Tensor]:  # fmt: skip
     """x ``[B, T, C]`` (unit column stride), weight ``[C, W]`` contiguous, history ``[B, C, W − 1]`` contiguous
-    or None, offset ``[T]`` (B = 1) or None → SiLU(conv) ``[B, T, C]`` contiguous, x's dtype."""
+    or None, offset ``[T]`` (B = 1) or None → SiLU(conv) as contiguous pieces ``[B, T, w]`` for ``widths``
+    (``Σ widths = C``, at most ``MAX_PIECES``), x's dtype."""
     batch, steps, channels = x.shape
-    y = new_output((batch, steps, channels), x.dtype, x.device)
+    pieces = [new_output((batch, steps, width), x.dtype, x.device) for width in widths]
+    pointers, bounds = piece_bounds(pieces, channels)
     grid = _launch_shape(x)
     reads_history = history is not None and offset is None  # packed documents all start from zeros
-    _short_conv_fwd_kernel[grid](x, weight, history, offset, y, steps, channels, x.stride(0), x.stride(1),
-                                 W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C, HAS_HISTORY=reads_history,
+    _short_conv_fwd_kernel[grid](x, weight, history, offset, *pointers, *bounds, steps, channels, x.stride(0),
+                                 x.stride(1), W=weight.shape[1], BT=BLOCK_T, BC=BLOCK_C, HAS_HISTORY=reads_history,
                                  IS_VARLEN=offset is not None)  # fmt: skip
-    return y
+    return pieces
 
 
-def short_conv_backward(dy: Tensor, x: Tensor, weight: Tensor, history: Tensor | None,
+def short_conv_backward(dys: list[Tensor], x: Tensor, weight: Tensor, history: Tensor | None,
                         offset: Tensor | None) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """``dy`` ``[B, T, C]`` contiguous → (dx ``[B, T, C]`` in x's dtype, dw ``[C, W]`` fp32). The history's
-    gradient is not formed here."""
+    """The output's gradient as contiguous pieces ``dys`` (``short_conv_forward``'s widths) → (dx ``[B, T, C]`` in
+    x's dtype, dw ``[C, W]`` fp32). The history's gradient is not formed here."""
     batch, steps, channels = x.shape
+    pointers, bounds = piece_bounds(dys, channels)
     grid = _launch_shape(x, BWD_SPAN, BWD_CHANNELS)
     dx = new_output((batch, steps, channels), x.dtype, x.device)
     dw_partial = new_output((batch * grid[0], channels, weight.shape[1]), torch.float32, x.device)
     reads_history = history is not None and offset is None  # packed documents all start from zeros
-    _short_conv_bwd_kernel[grid](x, weight, history, offset, dy, dx, dw_partial, steps, channels, x.stride(0),
-                                 x.stride(1), W=weight.shape[1], BC=BWD_CHANNELS, SPAN=BWD_SPAN,
+    _short_conv_bwd_kernel[grid](x, weight, history, offset, *pointers, *bounds, dx, dw_partial, steps, channels,
+                                 x.stride(0), x.stride(1), W=weight.shape[1], BC=BWD_CHANNELS, SPAN=BWD_SPAN,
                                  num_warps=BWD_WARPS, HAS_HISTORY=reads_history,
                                  IS_VARLEN=offset is not None)  # fmt: skip
     return dx, dw_partial.sum(0)
