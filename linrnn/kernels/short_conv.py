@@ -5,7 +5,9 @@ last ``W − 1`` inputs before x, oldest first) or None for zeros, offset ``[T]`
 packed document, B = 1) or None. Returns SiLU(conv) ``[B, T, C]``. With ``offset``, taps reaching before a
 document's start read 0 (and the history is not read).
 
-``short_conv_step`` is the decoding form: one token, the history advanced in place.
+``short_conv_pieces(x, weight, widths, ...)`` returns the output split along the channels into the mixer's streams,
+each its own tensor on the Triton path. ``short_conv_step`` is the decoding form: one token, the history advanced
+in place.
 
 Two paths with the same result: ``triton`` (CUDA; ``linrnn::short_conv`` custom op with a registered backward and
 fake implementation, so ``torch.compile`` keeps it whole) and ``torch`` (``conv1d``, everywhere else).

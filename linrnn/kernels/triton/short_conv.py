@@ -232,7 +232,7 @@ def _launch_shape(x: Tensor, rows: int = BLOCK_T, channels: int = BLOCK_C) -> tu
 MAX_PIECES = 4  # of the output (and its gradient): q, k, v and one extra key stream
 
 
-def piece_bounds(pieces: list[Tensor], channels: int) -> tuple[list[Tensor], list[int]]:
+def _piece_bounds(pieces: list[Tensor], channels: int) -> tuple[list[Tensor], list[int]]:
     """Up to ``MAX_PIECES`` pieces ``[B, T, c_i]`` (contiguous, ``Σ c_i = channels``) as the kernels' four pointers
     (the last repeated) and the three channel bounds ``e_1 .. e_3`` (``channels`` past the last piece)."""
     widths = [piece.shape[-1] for piece in pieces]
@@ -250,7 +250,7 @@ def short_conv_forward(x: Tensor, weight: Tensor, history: Tensor | None, offset
     (``Σ widths = C``, at most ``MAX_PIECES``), x's dtype."""
     batch, steps, channels = x.shape
     pieces = [new_output((batch, steps, width), x.dtype, x.device) for width in widths]
-    pointers, bounds = piece_bounds(pieces, channels)
+    pointers, bounds = _piece_bounds(pieces, channels)
     grid = _launch_shape(x)
     reads_history = history is not None and offset is None  # packed documents all start from zeros
     _short_conv_fwd_kernel[grid](x, weight, history, offset, *pointers, *bounds, steps, channels, x.stride(0),
@@ -264,7 +264,7 @@ def short_conv_backward(dys: list[Tensor], x: Tensor, weight: Tensor, history: T
     """The output's gradient as contiguous pieces ``dys`` (``short_conv_forward``'s widths) → (dx ``[B, T, C]`` in
     x's dtype, dw ``[C, W]`` fp32). The history's gradient is not formed here."""
     batch, steps, channels = x.shape
-    pointers, bounds = piece_bounds(dys, channels)
+    pointers, bounds = _piece_bounds(dys, channels)
     grid = _launch_shape(x, BWD_SPAN, BWD_CHANNELS)
     dx = new_output((batch, steps, channels), x.dtype, x.device)
     dw_partial = new_output((batch * grid[0], channels, weight.shape[1]), torch.float32, x.device)
