@@ -10,8 +10,9 @@ The 340M models' recurrence, state-pass settings side by side (issue 24's 1×163
     python3 experiments/profile_chunk.py --cells gated_deltanet --shape 1x16384 --heads 6 --value-dim 256 --fla \
         --variants "" "programs=48" "programs=24" "programs=48,state_bwd=4" "state_stages=3" "local_first=1"
 
-Per cell: the median of ``triton.testing.do_bench`` for forward and forward+backward, then one profiled
-forward+backward averaged over ``--repeats`` calls, every kernel's mean time, sorted. ``--fla`` adds FLA 0.6.0's
+Per cell: the medians of ``triton.testing.do_bench`` and of one call with a synchronisation inside (as the pytest
+benchmarks time it: host time counts) for forward and forward+backward, then each profiled over ``--repeats`` calls:
+every kernel's mean time per call, sorted, and their sum. ``--fla`` adds FLA 0.6.0's
 matching op (cold autotuning: about two minutes per op; its gated backward guard lifted for speed only, see
 benchmarks/test_chunk_gpu.py). Inputs: bf16 q, k, v, a; fp32 gates.
 
@@ -26,6 +27,8 @@ benchmarks/test_chunk_gpu.py). Inputs: bf16 q, k, v, a; fp32 gates.
 import argparse
 import collections
 import os
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -137,34 +140,56 @@ def apply_variant(variant, defaults):
             raise ValueError(f"unknown launch setting {key!r} in variant {variant!r}")
 
 
+def wall_median(run, calls=30):
+    """Median ms of one call with ``torch.cuda.synchronize()`` inside (host and device, as the pytest benchmarks
+    time it)."""
+    times = []
+    for _ in range(calls + 3):
+        start = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times[3:])
+
+
 def measure(forward, x, d_o, repeats):
-    """(fwd ms, fwd+bwd ms, {kernel: ms per call}) for one op."""
+    """{row: ms} for one op: do_bench and call + sync medians of the forward and the forward+backward, and
+    {kernel: ms per call} of each."""
     leaves = list(x.values())
 
     def forward_backward():
         torch.autograd.grad(forward(), leaves, d_o, allow_unused=True)
 
-    fwd = triton.testing.do_bench(forward, return_mode="median")
-    fwd_bwd = triton.testing.do_bench(forward_backward, return_mode="median")
-    return fwd, fwd_bwd, kernel_table(forward_backward, repeats)
+    times = {
+        "fwd (do_bench median)": triton.testing.do_bench(forward, return_mode="median"),
+        "fwd (call + sync median)": wall_median(forward),
+        "fwd+bwd (do_bench median)": triton.testing.do_bench(forward_backward, return_mode="median"),
+        "fwd+bwd (call + sync median)": wall_median(forward_backward),
+    }
+    return times, kernel_table(forward, repeats), kernel_table(forward_backward, repeats)
 
 
 def show(label, results):
-    """One table per op: kernels as rows, one column per variant (or implementation)."""
+    """One table per op: kernels as rows (forward, then forward+backward), one column per variant (or
+    implementation)."""
     names = list(results)
     print(f"\n== {label}")
     print(" " * 44 + "".join(f"{n[:14]:>15s}" for n in names))
-    print(f"{'fwd (do_bench median)':44s}" + "".join(f"{r[0]:15.3f}" for r in results.values()))
-    print(f"{'fwd+bwd (do_bench median)':44s}" + "".join(f"{r[1]:15.3f}" for r in results.values()))
-    kernels = {}
-    for r in results.values():
-        for name, ms, _ in r[2]:
-            kernels[name[:43]] = max(kernels.get(name[:43], 0), ms)
-    for kernel in sorted(kernels, key=lambda n: -kernels[n]):
-        if kernels[kernel] < 0.005:
-            continue
-        cells = [{n[:43]: ms for n, ms, _ in r[2]}.get(kernel) for r in results.values()]
-        print(f"{kernel:44s}" + "".join(f"{c:15.3f}" if c is not None else f"{'-':>15s}" for c in cells))
+    for row in next(iter(results.values()))[0]:
+        print(f"{row:44s}" + "".join(f"{r[0][row]:15.3f}" for r in results.values()))
+    for part, title in ((1, "forward kernels"), (2, "forward+backward kernels")):
+        print(f"-- {title} (ms per call)")
+        kernels = {}
+        for r in results.values():
+            for name, ms, _ in r[part]:
+                kernels[name[:43]] = max(kernels.get(name[:43], 0), ms)
+        sums = [sum(ms for _, ms, _ in r[part]) for r in results.values()]
+        print(f"{'sum':44s}" + "".join(f"{total:15.3f}" for total in sums))
+        for kernel in sorted(kernels, key=lambda n: -kernels[n]):
+            if kernels[kernel] < 0.005:
+                continue
+            cells = [{n[:43]: ms for n, ms, _ in r[part]}.get(kernel) for r in results.values()]
+            print(f"{kernel:44s}" + "".join(f"{c:15.3f}" if c is not None else f"{'-':>15s}" for c in cells))
 
 
 def main():

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import CELLS, assert_close, assert_runs_match, forward_backward, make_inputs
+from tests.helpers import CELLS, OPS, assert_close, assert_runs_match, forward_backward, make_inputs
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "initial_state"])
@@ -93,3 +93,38 @@ def test_extreme_gates(cell, dtype):
     expected = forward_backward(cell, {n: x.double() for n, x in inputs.items()}, backend="reference")
     actual = forward_backward(cell, inputs, backend="torch", chunk_size=64)
     assert_runs_match(actual, expected, 1e-10 if dtype == torch.float64 else 1e-4)
+
+
+@pytest.mark.parametrize("used", ["output", "final_state"])
+@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet"])
+def test_loss_on_one_output_matches_reference(cell, used):
+    """A loss of only the output or only the final state: the op's backward gets no gradient for the other (autograd
+    does not fill zeros for it) and still gives every input's gradient of the fp64 loop."""
+    inputs = make_inputs(cell, B=2, T=70, H=2, K=16, V=8, initial_state=True, seed=13)
+    grads = {}
+    for backend in ("reference", "torch"):
+        leaves = {name: x.detach().clone().requires_grad_(True) for name, x in inputs.items()}
+        o, final = OPS[cell](**leaves, output_final_state=True, backend=backend)
+        picked = o if used == "output" else final
+        weight = torch.randn(picked.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        (picked * weight).sum().backward()
+        grads[backend] = {name: x.grad for name, x in leaves.items()}
+    for name, expected in grads["reference"].items():
+        actual = grads["torch"][name]
+        if expected is None:  # q does not reach the final state: the loop leaves no gradient, the op zeros
+            assert used == "final_state" and name == "q" and not actual.any(), f"grad of {name}"
+            continue
+        assert_close(actual, expected, 1e-10, f"grad of {name}")
+
+
+def test_kept_forward_tensors_carry_no_gradient():
+    """The custom op's kept tensors (chunk states, corrected values, intra-chunk matrices, write keys) are marked
+    non-differentiable: autograd gives the backward None for them rather than zeros of their size."""
+    from linrnn.kernels import library
+
+    x = make_inputs("gated_deltanet", B=1, T=10, H=1, K=4, V=4, seed=2)
+    leaves = {name: t.clone().requires_grad_(True) for name, t in x.items()}
+    outputs = library.chunk_forward_op(leaves["q"], leaves["k"], None, leaves["v"], leaves["g"], leaves["beta"], None,
+                                       None, None, None, True, 0.5, True, True, "torch", 0, False, False)  # fmt: skip
+    assert outputs[0].requires_grad and outputs[1].requires_grad
+    assert not any(t.requires_grad for t in outputs[2:])

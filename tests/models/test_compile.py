@@ -143,6 +143,40 @@ def test_custom_op_registration(backend, varlen, initial_state, folded, gated):
     assert set(results.values()) == {"SUCCESS"}, results
 
 
+@pytest.mark.parametrize("folded", [False, True])
+def test_eager_path_equals_the_custom_op(folded):
+    """Outside ``torch.compile`` the recurrence runs the custom op's implementation and autograd without the
+    dispatcher (``library._EagerChunk``): outputs and every gradient equal the custom op's bit for bit, with an
+    initial state, packed documents and a loss on both the output and the final state."""
+    torch.manual_seed(1)
+    shape = (1, 23, 2, 8)
+
+    def leaves():
+        torch.manual_seed(2)
+        x = dict(
+            q=torch.randn(shape),
+            k=F.normalize(torch.randn(shape), dim=-1),
+            v=torch.randn(*shape[:3], 5),
+            g=-torch.rand(shape[:3]),
+            beta=torch.rand(shape[:3]),
+            state=torch.randn(2, 2, 8, 5),
+            w=torch.randn(shape) if folded else None,
+            log_gamma=0.3 * torch.randn(2, 8) if folded else None,
+        )
+        return {name: t.double().requires_grad_() for name, t in x.items() if t is not None}  # fmt: skip
+
+    results = []
+    for run in (library.chunk_forward_op, library._EagerChunk.apply):
+        x = leaves()
+        o, final, *_ = run(x["q"], x["k"], x.get("w"), x["v"], x["g"], x["beta"], x["state"], torch.tensor([0, 9, 23]),
+                           x.get("log_gamma"), None, True, 0.3, True, True, "torch", 4, False, False)  # fmt: skip
+        (o.sum() + (final * final).sum()).backward()
+        results.append((o.detach(), final.detach(), {name: t.grad for name, t in x.items()}))
+    (o, final, grads), (eager_o, eager_final, eager_grads) = results
+    assert torch.equal(eager_o, o) and torch.equal(eager_final, final)
+    assert grads.keys() == eager_grads.keys() and all(torch.equal(eager_grads[n], grads[n]) for n in grads)
+
+
 def test_triton_model_compiles_and_equals_eager():
     """The Triton path (chunk kernels and the short convolution as custom ops; the interpreter on a CPU) through
     AOTAutograd equals the same model eager."""

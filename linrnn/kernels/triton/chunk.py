@@ -238,7 +238,8 @@ def chunk_forward(
         W_s = kept["W_s"]
     elif erase:
         W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
-        U_v = None if states_kept else torch.empty(TT, H, V, dtype=torch.float32, device=device)
+        # in the inputs' dtype, as FLA keeps its u: half the fp32 traffic between the solve and the state pass
+        U_v = None if states_kept else torch.empty(TT, H, V, dtype=dtype, device=device)
         chunk_solve_wu_kernel[(NT, H)](  # W_s from the read vector
             k if read is None else read, v, beta, G, A_kk, A_kw, T, W_s, U_v, **common, v_stride=v_stride, H=H, K=K,
             V=V, BT=CHUNK,

@@ -380,9 +380,9 @@ def chunk_solve_wu_kernel(
     PREC: tl.constexpr,
 ):  # fmt: skip
     """``T = (I + Diag(β) A_kk)⁻¹`` ``[TT, H, 64]`` fp32, then from its blocks in registers
-    ``W_s = T Diag(β) (K ⊙ Γ)`` ``[TT, H, K]`` (k: the erase direction) and ``U_v = T Diag(β) V`` ``[TT, H, V]``
-    fp32; decoupled, ``U_v = T P V`` with ``P = −Diag(β) A_kw Diag(β)``. U_v feeds only the state pass:
-    ``STORE_VALUES=False`` (the backward with the forward's states kept) skips it.
+    ``W_s = T Diag(β) (K ⊙ Γ)`` ``[TT, H, K]`` (k: the erase direction) and ``U_v = T Diag(β) V`` ``[TT, H, V]``,
+    both in the inputs' dtype; decoupled, ``U_v = T P V`` with ``P = −Diag(β) A_kw Diag(β)``. U_v feeds only the
+    state pass: ``STORE_VALUES=False`` (the backward with the forward's states kept) skips it.
 
     T by 16 × 16 blocks: the four diagonal blocks by forward substitution (a chain of cross-thread reductions,
     fastest in one warp), then ``T_ab = −T_aa Σ_{b≤c<a} L_ac T_cb`` (L = Diag(β) A_kk). The substitution is exact
