@@ -74,7 +74,10 @@ def chunk_tables(rows: list[dict]) -> None:
         by_shape[(row["batch"], row["steps"])][(row["cell"], row["mode"], row["impl"])] = row
     for (batch, steps), runs in by_shape.items():  # in the order they ran
         some = next(iter(runs.values()))
-        print(f"\n### B×T = {batch}×{steps}, H = {some['H']}, K = V = {some['K']}, {some['dtype']}\n")
+        widths = (
+            f"K = V = {some['K']}" if some.get("V", some["K"]) == some["K"] else f"K = {some['K']}, V = {some['V']}"
+        )
+        print(f"\n### B×T = {batch}×{steps}, H = {some['H']}, {widths}, {some['dtype']}\n")
         print("| cell | mode | linrnn ms | FLA ms | linrnn/FLA | SDPA ms | peak MiB linrnn | peak MiB FLA |")
         print("|---|---|---:|---:|---:|---:|---:|---:|")
         cells = dict.fromkeys(cell for cell, _, _ in runs if cell != "sdpa") or ["-"]  # "-": SDPA alone

@@ -5,7 +5,8 @@ Run on the GPU machine (FLA carried as a wheel; ``bash experiments/gpu_chunk.sh 
     python -m pytest benchmarks/test_chunk_gpu.py --benchmark-only --benchmark-json=chunk.json
     python benchmarks/report.py chunk.json
 
-Per cell and shape B×T ∈ {8×4096, 2×16384}, H = 16, K = V = 128: bf16 q, k, v (and a), fp32 gates
+Per cell and shape B×T ∈ {8×4096, 2×16384}, H = 16, K = V = 128 (``CHUNK_BENCH_HEADS``, ``CHUNK_BENCH_DIM``,
+``CHUNK_BENCH_VALUE_DIM``; the 340M models: 6, 128, 256): bf16 q, k, v (and a), fp32 gates
 (g = logsigmoid(N(0,1) + 3), beta = sigmoid(U(0,1)), log_gamma = 0.1 N(0,1)), k and a L2-normalised.
 Every input requires grad. "fwd" times the forward of a training step (autograd on, so whatever the
 op saves for backward is made); "fwdbwd" adds the backward of ``(o * do).sum()`` for a fixed random ``do``
@@ -44,7 +45,8 @@ BACKEND = os.environ.get("CHUNK_BENCH_BACKEND", "triton")  # linrnn's backend un
 DEVICE = os.environ.get("CHUNK_BENCH_DEVICE", "cuda")
 SHAPES = [tuple(map(int, s.split("x"))) for s in os.environ.get("CHUNK_BENCH_SHAPES", "8x4096,2x16384").split(",")]
 H = int(os.environ.get("CHUNK_BENCH_HEADS", "16"))
-D = int(os.environ.get("CHUNK_BENCH_DIM", "128"))  # K = V
+D = int(os.environ.get("CHUNK_BENCH_DIM", "128"))  # K (and V unless CHUNK_BENCH_VALUE_DIM)
+DV = int(os.environ.get("CHUNK_BENCH_VALUE_DIM", str(D)))  # V (the 340M models: H = 6, K = 128, V = 256)
 MODES = ["fwd", "fwdbwd"]
 DEADLINE = float(os.environ.get("CHUNK_BENCH_DEADLINE", "inf"))  # epoch seconds: later tests skip (cold autotuning)
 ON_CUDA = DEVICE == "cuda"
@@ -83,7 +85,7 @@ def inputs(cell, batch, steps):
     x = dict(
         q=randn(batch, steps, H, D).bfloat16(),
         k=F.normalize(randn(batch, steps, H, D), dim=-1).bfloat16(),
-        v=randn(batch, steps, H, D).bfloat16(),
+        v=randn(batch, steps, H, DV).bfloat16(),
     )
     if cell == "gammanet":
         x["a"] = F.normalize(randn(batch, steps, H, D), dim=-1).bfloat16()
@@ -101,7 +103,7 @@ def inputs(cell, batch, steps):
         fla_x = dict(q=x["q"], k=x["k"], v=x["v"], a=erase, b=x["a"].clone(), gk=x["g"])
     for t in [*x.values(), *fla_x.values()]:
         t.requires_grad_(True)
-    return x, fla_x, randn(batch, steps, H, D).bfloat16()
+    return x, fla_x, randn(batch, steps, H, DV).bfloat16()
 
 
 def linrnn_forward(cell, x):
@@ -146,7 +148,7 @@ def describe(benchmark, cell, impl, mode, shape):
     batch, steps = shape
     benchmark.group = f"{cell} {batch}x{steps} {mode}"
     info = dict(kind="chunk", cell=cell, impl=impl, mode=mode, shape=f"{batch}x{steps}", batch=batch, steps=steps)
-    benchmark.extra_info.update(info, H=H, K=D, V=D, dtype="bfloat16")
+    benchmark.extra_info.update(info, H=H, K=D, V=DV, dtype="bfloat16")
 
 
 def step_fn(forward, leaves, do, mode):

@@ -27,13 +27,14 @@ def main():
     parser.add_argument("--shape", default="1x64")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--no-fla", action="store_true", help="linrnn only (FLA autotunes each new shape cold)")
     args = parser.parse_args()
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
     batch, steps = map(int, args.shape.split("x"))
     x, d_o = make_inputs(batch, steps, 1, 128)
     leaves = list(x.values())
     for cell in args.cells:
-        for name, make in (("linrnn", linrnn_op), ("FLA", fla_op)):
+        for name, make in (("linrnn", linrnn_op), ("FLA", fla_op))[: 1 if args.no_fla else 2]:
             forward = make(cell, x)
 
             def forward_backward(forward=forward):

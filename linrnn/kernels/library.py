@@ -9,9 +9,10 @@ Two ops, each with a fake (meta) implementation that gives only shapes and dtype
 
 registered as each other's autograd (``register_autograd``). ``chunk_recurrence`` calls the forward op under
 ``torch.compile`` only; eager calls run the same two implementations and autograd as a plain
-``torch.autograd.Function`` (``_EagerChunk``), without the dispatcher's host time. Arguments follow ``triton.chunk.chunk_forward``:
-``k`` is the erase direction (the write key too when ``w`` is None), ``w`` a decoupled write key, ``erase=False``
-drops the erase term, ``erase_gate`` (b) gates the erase per key channel (it reads the state along ``b ⊙ k``).
+``torch.autograd.Function`` (``_EagerChunk``), without the dispatcher's host time. Arguments follow
+``triton.chunk.chunk_forward``: ``k`` is the erase direction (the write key too when ``w`` is None), ``w`` a
+decoupled write key, ``erase=False`` drops the erase term, ``erase_gate`` (b) gates the erase per key channel (it
+reads the state along ``b ⊙ k``).
 ``backend`` is ``"torch"`` (``chunked.recurrence_chunked``) or ``"triton"``.
 
 The backward recomputes what it needs from the inputs instead of the forward saving its intermediates, with one

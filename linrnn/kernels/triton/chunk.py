@@ -17,12 +17,11 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 from torch import Tensor
 
 from linrnn.kernels import TRITON_CHUNK as CHUNK
 from linrnn.kernels import to_device
-from linrnn.kernels.triton import new_output
+from linrnn.kernels.triton import cdiv, new_output, next_power_of_2
 from linrnn.kernels.triton.chunk_bwd import (
     chunk_bwd_fused_kernel,
     chunk_bwd_intra_kernel,
@@ -116,7 +115,7 @@ class _Layout:
         self.value_dim = v.shape[-1]
         self.tokens = batch * steps
         if cu_seqlens is None:  # equal lengths: the kernels take the length for cu_seqlens, and no index tensors
-            self.sequences, self.num_chunks = batch, batch * triton.cdiv(steps, CHUNK)
+            self.sequences, self.num_chunks = batch, batch * cdiv(steps, CHUNK)
             self.cu_seqlens, self.chunk_index, self.chunk_offsets = steps, None, None
         else:  # the grids need the number of chunks: a device sync unless cu_seqlens is on the CPU (as models pass it)
             bounds = tuple(cu_seqlens.tolist())
@@ -181,7 +180,7 @@ def state_rows(batch: int, steps: int, sequences: int | None) -> int:
     tensor gets the same): every chunk for equal lengths; with ``sequences`` packed into ``batch · steps`` tokens
     (varlen), a bound on their chunk count, ``Σ ⌈lᵢ / 64⌉ ≤ ⌊Σ lᵢ / 64⌋ + sequences`` (rows past it go unused)."""
     if sequences is None:
-        return batch * triton.cdiv(steps, CHUNK)
+        return batch * cdiv(steps, CHUNK)
     return batch * steps // CHUNK + sequences
 
 
@@ -208,8 +207,8 @@ def chunk_forward(
     if g is not None:
         channels = K if layout.decay == DECAY_CHANNEL.value else 1
         G = torch.empty(g.shape, dtype=torch.float32, device=device)
-        block = min(64, triton.next_power_of_2(channels))
-        chunk_cumsum_kernel[(NT, H, triton.cdiv(channels, block))](
+        block = min(64, next_power_of_2(channels))
+        chunk_cumsum_kernel[(NT, H, cdiv(channels, block))](
             g, G, None, **common, H=H, D=channels, BD=block, DE=1, BDE=1, BT=CHUNK, REVERSE=False, HAS_EXTRA=False,
         )  # fmt: skip
 
@@ -259,7 +258,7 @@ def chunk_forward(
     else:
         states = torch.empty(layout.state_rows, H, K, V, dtype=dtype, device=device)
         block_v = _state_block_v(layout)
-        chunk_state_fwd_kernel[(triton.cdiv(V, block_v), layout.sequences * H)](
+        chunk_state_fwd_kernel[(cdiv(V, block_v), layout.sequences * H)](
             k, w, v, beta, G, W_s, U_v, U, states, initial_state, final, layout.cu_seqlens, layout.chunk_offsets,
             v_stride=v_stride, H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=layout.decay, ERASE=erase,
             HAS_BETA=has_beta, DECOUPLED=decoupled, USE_INITIAL_STATE=initial_state is not None,
@@ -272,7 +271,7 @@ def chunk_forward(
     if need_output or layout.decay == DECAY_HEAD.value and not intra_kept:
         o = new_output(v.shape, v.dtype, device)
         block_v = _block(V, OUTPUT_BLOCK_V)
-        chunk_output_kernel[(triton.cdiv(V, block_v), NT, H)](
+        chunk_output_kernel[(cdiv(V, block_v), NT, H)](
             q, k, v, beta, G, states, U, A_qk, A_qw, o, **common, v_stride=v_stride, scale=scale, H=H, K=K, V=V,
             BT=CHUNK, BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
             DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("output"),
@@ -291,7 +290,7 @@ def intra_names(erase: bool, decoupled: bool) -> tuple[str, ...]:
 
 def _block(size: int, cap: int) -> int:
     """Tile width for a dimension: a power of two, at least 16 (the smallest matmul tile), at most ``cap``."""
-    return max(16, min(cap, triton.next_power_of_2(size)))
+    return max(16, min(cap, next_power_of_2(size)))
 
 
 def _state_block_v(layout: _Layout) -> int:
@@ -300,7 +299,7 @@ def _state_block_v(layout: _Layout) -> int:
     cap = next(block for width, block in STATE_BLOCK_V.items() if layout.key_dim <= width)
     block_v = _block(layout.value_dim, cap)
     programs = layout.sequences * layout.heads
-    while block_v > 16 and programs * triton.cdiv(layout.value_dim, block_v) < STATE_MIN_PROGRAMS:
+    while block_v > 16 and programs * cdiv(layout.value_dim, block_v) < STATE_MIN_PROGRAMS:
         block_v //= 2
     return block_v
 
@@ -335,12 +334,12 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         local_first = NT >= LOCAL_FIRST_MIN_CHUNKS * layout.sequences
     if local_first:
         block_v = _block(V, 64)
-        chunk_bwd_local_du_kernel[(triton.cdiv(V, block_v), NT, H)](
+        chunk_bwd_local_du_kernel[(cdiv(V, block_v), NT, H)](
             saved["A_qk"], do, dU, **common, H=H, V=V, BT=CHUNK, BV=block_v, PREC=precision,
             num_warps=layout.warps("local_du"), num_stages=layout.stages,
         )  # fmt: skip
     block_v = _state_block_v(layout)
-    chunk_state_bwd_kernel[(triton.cdiv(V, block_v), layout.sequences * H)](
+    chunk_state_bwd_kernel[(cdiv(V, block_v), layout.sequences * H)](
         q, k, G, saved["W_s"], saved["A_qk"], do, dU, dstates, d_initial,
         None if d_final is None else d_final.contiguous(), layout.cu_seqlens, layout.chunk_offsets, scale,
         H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=decay, ERASE=erase,
@@ -367,7 +366,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     (dw_minus,) = buffers(1, TT, H, K, when=decoupled)
     (dG_last,) = buffers(1, NT, H, K, when=g is not None)
     block_k = _block(K, 64)
-    chunk_bwd_main_kernel[(triton.cdiv(K, block_k), NT, H)](
+    chunk_bwd_main_kernel[(cdiv(K, block_k), NT, H)](
         k, w, v, beta, G, states, dstates, saved["U"], dU, do, dq_part, dk_minus, dw_minus, dW_s, dG_last, **common,
         v_stride=v_stride, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=_block(V, 64), DECAY=decay, ERASE=erase,
         HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision, num_warps=layout.warps("main"),
@@ -403,7 +402,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     dw = new_output(w.shape, dw_dtype, device) if decoupled else None
     d_read = new_output(k.shape, torch.float32, device) if read is not None else None
     dG = torch.empty(g.shape, **f32) if g is not None else None
-    grid = (NT, H, (CHUNK // SUB_CHUNK) * triton.cdiv(K, block_k) if per_channel else 1)
+    grid = (NT, H, (CHUNK // SUB_CHUNK) * cdiv(K, block_k) if per_channel else 1)
     d_log_gamma_partial = torch.zeros(NT * (CHUNK // SUB_CHUNK), H, K, **f32) if fused_fold else None
     chunk_bwd_intra_kernel[grid](
         q, k, w, read, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, d_read, dG,
@@ -424,8 +423,8 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     if g is not None:
         channels = K if per_channel else 1
         dg = new_output(g.shape, g.dtype, device)
-        block = min(64, triton.next_power_of_2(channels))
-        chunk_cumsum_kernel[(NT, H, triton.cdiv(channels, block))](
+        block = min(64, next_power_of_2(channels))
+        chunk_cumsum_kernel[(NT, H, cdiv(channels, block))](
             dG, dg, dG_last, **common, H=H, D=channels, BD=block, DE=K, BDE=layout.block_k, BT=CHUNK, REVERSE=True,
             HAS_EXTRA=True,
         )  # fmt: skip

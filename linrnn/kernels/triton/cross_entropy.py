@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from linrnn.kernels.triton import new_output
+from linrnn.kernels.triton import new_output, next_power_of_2
 
 BLOCK_V = 4096
 
@@ -71,5 +71,5 @@ def cross_entropy_rows(logits: Tensor, targets: Tensor, bias: Tensor | None, mul
     loss = new_output((rows,), torch.float32, logits.device)
     _cross_entropy_rows_kernel[(rows,)](logits, bias, targets, loss, vocab, logits.stride(0), float(multiplier),
                                         ignore_index, HAS_BIAS=bias is not None, WITH_GRAD=with_grad,
-                                        BV=min(BLOCK_V, triton.next_power_of_2(vocab)))  # fmt: skip
+                                        BV=min(BLOCK_V, next_power_of_2(vocab)))  # fmt: skip
     return loss

@@ -39,14 +39,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from linrnn.kernels.triton import new_output
+from linrnn.kernels.triton import cdiv, new_output, next_power_of_2
 
 TILE_ELEMENTS = 4096  # rows × padded columns per program: 32 fp32 values per thread and tensor at 4 warps
 
 
 def _row_block(dim: int) -> dict[str, int]:
     """The launch's rows per program ``BR`` and padded row length ``BD`` for rows of ``dim`` elements."""
-    padded = triton.next_power_of_2(dim)
+    padded = next_power_of_2(dim)
     return {"BR": max(1, min(16, TILE_ELEMENTS // padded)), "BD": padded}
 
 
@@ -121,7 +121,7 @@ def gated_rms_norm_forward(x: Tensor, z: Tensor, weight: Tensor, eps: float, gat
     n_rows, heads, dim, x_stride = _rows(x)
     y = new_output(x.shape, x.dtype, x.device)
     block = _row_block(dim)
-    grid = (triton.cdiv(n_rows, block["BR"]),)
+    grid = (cdiv(n_rows, block["BR"]),)
     _gated_norm_fwd_kernel[grid](x, z, weight, y, n_rows, heads, x_stride, _rows(z)[3], eps, D=dim,
                                  SIGMOID=gate == "sigmoid", **block)  # fmt: skip
     return y
@@ -131,7 +131,7 @@ def gated_rms_norm_backward(dy: Tensor, x: Tensor, z: Tensor, weight: Tensor, ep
     """→ (dx in x's dtype, dz in z's dtype, both contiguous ``[B, T, H, D]``; dw ``[D]`` fp32)."""
     n_rows, heads, dim, x_stride = _rows(x)
     block = _row_block(dim)
-    grid = (triton.cdiv(n_rows, block["BR"]),)
+    grid = (cdiv(n_rows, block["BR"]),)
     dx = new_output(x.shape, x.dtype, x.device)
     dz = new_output(z.shape, z.dtype, z.device)
     dw_partial = new_output((grid[0], dim), torch.float32, x.device)
@@ -175,7 +175,7 @@ def swiglu_forward(both: Tensor) -> Tensor:
     cols = both.shape[-1] // 2
     y = new_output((*both.shape[:-1], cols), both.dtype, both.device)
     rows = both.reshape(-1, 2 * cols)  # a view for a column slice: its rows keep their stride
-    _swiglu_fwd_kernel[(triton.cdiv(y.numel(), SWIGLU_BLOCK),)](rows, y, y.numel(), cols, rows.stride(0),
+    _swiglu_fwd_kernel[(cdiv(y.numel(), SWIGLU_BLOCK),)](rows, y, y.numel(), cols, rows.stride(0),
                                                                 BLOCK=SWIGLU_BLOCK)  # fmt: skip
     return y
 
@@ -186,7 +186,7 @@ def swiglu_backward(dy: Tensor, both: Tensor) -> Tensor:
     cols = both.shape[-1] // 2
     rows = both.reshape(-1, 2 * cols)
     d_both = new_output(both.shape, both.dtype, both.device)
-    _swiglu_bwd_kernel[(triton.cdiv(dy.numel(), SWIGLU_BLOCK),)](rows, dy, d_both, dy.numel(), cols, rows.stride(0),
+    _swiglu_bwd_kernel[(cdiv(dy.numel(), SWIGLU_BLOCK),)](rows, dy, d_both, dy.numel(), cols, rows.stride(0),
                                                                  BLOCK=SWIGLU_BLOCK)  # fmt: skip
     return d_both
 
@@ -222,7 +222,7 @@ def l2_norm_forward(x: Tensor, eps: float, dtype: torch.dtype, heads: int, token
     y = new_output(x.shape, dtype, x.device)
     n_rows = x.numel() // dim
     block = _row_block(dim)
-    _l2_norm_fwd_kernel[(triton.cdiv(n_rows, block["BR"]),)](x, y, n_rows, heads, token_stride, eps, D=dim, **block)
+    _l2_norm_fwd_kernel[(cdiv(n_rows, block["BR"]),)](x, y, n_rows, heads, token_stride, eps, D=dim, **block)
     return y
 
 
@@ -232,7 +232,7 @@ def l2_norm_backward(dy: Tensor, x: Tensor, eps: float, heads: int, token_stride
     dx = new_output(x.shape, x.dtype, x.device)
     n_rows = x.numel() // dim
     block = _row_block(dim)
-    _l2_norm_bwd_kernel[(triton.cdiv(n_rows, block["BR"]),)](
+    _l2_norm_bwd_kernel[(cdiv(n_rows, block["BR"]),)](
         x, dy, dx, n_rows, heads, token_stride, eps, D=dim, **block
     )
     return dx
@@ -282,7 +282,7 @@ def rms_norm_forward(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float
     y = new_output(x.shape, dtype, x.device)
     s = new_output(x.shape, x.dtype, x.device) if delta is not None else None
     block = _row_block(dim)
-    grid = (triton.cdiv(n_rows, block["BR"]),)
+    grid = (cdiv(n_rows, block["BR"]),)
     _rms_norm_fwd_kernel[grid](x, delta, weight, y, s, n_rows, eps, D=dim, HAS_DELTA=delta is not None, **block)
     return y, s
 
@@ -293,7 +293,7 @@ def rms_norm_backward(dy: Tensor, ds_out: Tensor | None, s: Tensor, weight: Tens
     dim = s.shape[-1]
     n_rows = s.numel() // dim
     block = _row_block(dim)
-    grid = (triton.cdiv(n_rows, block["BR"]),)
+    grid = (cdiv(n_rows, block["BR"]),)
     dx = new_output(s.shape, s.dtype, s.device)
     d_delta = new_output(s.shape, delta_dtype, s.device) if delta_dtype is not None else None
     dw_partial = new_output((grid[0], dim), torch.float32, s.device)
@@ -375,10 +375,10 @@ def log_decay_forward(pre: Tensor, a_log: Tensor, dt_bias: Tensor, beta_pre: Ten
     beta_columns = 1 if beta_pre is None else beta_pre.shape[1]
     beta = None if beta_pre is None else new_output((n_rows, beta_columns), torch.float32, pre.device)
     block = _row_block(max(columns, beta_columns))
-    _log_decay_kernel[(triton.cdiv(n_rows, block["BR"]),)](
+    _log_decay_kernel[(cdiv(n_rows, block["BR"]),)](
         pre, a_log, dt_bias, g, beta_pre, beta, n_rows, pre.stride(0), 0 if beta_pre is None else beta_pre.stride(0),
-        D=columns, GROUP=columns // a_log.numel(), BR=block["BR"], BD=triton.next_power_of_2(columns),
-        HAS_BETA=beta_pre is not None, DB=beta_columns, BDB=triton.next_power_of_2(beta_columns),
+        D=columns, GROUP=columns // a_log.numel(), BR=block["BR"], BD=next_power_of_2(columns),
+        HAS_BETA=beta_pre is not None, DB=beta_columns, BDB=next_power_of_2(beta_columns),
         BETA_SCALE=float(beta_scale),
     )  # fmt: skip
     return g, beta
@@ -423,7 +423,7 @@ def _fold_grid(x: Tensor) -> tuple[int, int, tuple[int, int]]:
     """(rows, columns, grid) of ``[B, T, H, K]`` contiguous viewed as rows of ``H · K``."""
     columns = x.shape[-1] * x.shape[-2]
     n_rows = x.numel() // columns
-    return n_rows, columns, (triton.cdiv(n_rows, FOLD_ROWS), triton.cdiv(columns, FOLD_COLUMNS))
+    return n_rows, columns, (cdiv(n_rows, FOLD_ROWS), cdiv(columns, FOLD_COLUMNS))
 
 
 def fold_forward(q: Tensor, w: Tensor, gamma: Tensor) -> tuple[Tensor, Tensor]:

@@ -23,7 +23,7 @@ import triton.language as tl
 from torch import Tensor
 
 from linrnn.kernels import heads_dense, to_device
-from linrnn.kernels.triton import new_output
+from linrnn.kernels.triton import cdiv, new_output, next_power_of_2
 
 DECAY_NONE, DECAY_HEAD, DECAY_CHANNEL = 0, 1, 2
 MANY_PROGRAMS = 2048  # programs of 16 value columns beyond which wider blocks are faster
@@ -136,13 +136,13 @@ def fused_recurrent_fwd(
     if final is None and output_final_state:
         final = new_output((sequences, heads, key_dim, value_dim), torch.float32, v.device)
     decay = DECAY_NONE if g is None else (DECAY_HEAD if g.dim() == 3 else DECAY_CHANNEL)
-    block_k = triton.next_power_of_2(key_dim)
+    block_k = next_power_of_2(key_dim)
     # few sequences (decoding a handful of slots): 16 columns x 1 warp; many: 64 x 4 warps, which reads each state
     # row in longer runs (H200, 340M shapes: 110 against 228 µs at 256 slots; benchmarks/RESULTS.md)
-    many = sequences * heads * triton.cdiv(value_dim, 16) > MANY_PROGRAMS
-    block_v = block_v or min(64 if many else 16, triton.next_power_of_2(value_dim))
+    many = sequences * heads * cdiv(value_dim, 16) > MANY_PROGRAMS
+    block_v = block_v or min(64 if many else 16, next_power_of_2(value_dim))
     num_warps = num_warps or (4 if many else 1)
-    grid = (sequences * heads, triton.cdiv(value_dim, block_v))
+    grid = (sequences * heads, cdiv(value_dim, block_v))
     _fused_recurrent_fwd_kernel[grid](
         q, w, v, e, None if g is None else g.contiguous(), None if beta is None else beta.contiguous(),
         None if erase_gate is None else erase_gate.contiguous(), None if log_gamma is None else log_gamma.contiguous(),

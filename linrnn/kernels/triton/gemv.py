@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from linrnn.kernels.triton import new_output
+from linrnn.kernels.triton import cdiv, new_output, next_power_of_2
 from linrnn.kernels.triton.fused import sigmoid_fp32, softplus_fp32
 
 if TYPE_CHECKING:
@@ -174,18 +174,18 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, depth: int, prologue
     rows = x.shape[0]
     columns = weight.shape[0]
     y = new_output((rows, columns), x.dtype, x.device)
-    block_m = triton.next_power_of_2(rows)
+    block_m = next_power_of_2(rows)
     warps = 1
     if prologue.value in PROLOGUE_LAUNCH:  # (W rows, K block, warps) for one row; K blocks shrink as rows grow
         n, k, warps = PROLOGUE_LAUNCH[prologue.value]
         block_n = block_n or BLOCK_N or n
-        block_k = block_k or min(max(k // block_m, 64), MAX_BLOCK_K, triton.next_power_of_2(depth))
+        block_k = block_k or min(max(k // block_m, 64), MAX_BLOCK_K, next_power_of_2(depth))
     else:
         # measured in CUDA graphs at the 340M model's products (H200, benchmarks/tune_gemv.py): wide outputs take 4
         # rows of W a program and K in blocks of 512; narrow ones 2 rows and K whole up to MAX_BLOCK_K
         wide = columns >= WIDE_COLUMNS
         block_n = block_n or BLOCK_N or (4 if wide else 2)
-        block_k = block_k or min(512 if wide else MAX_BLOCK_K, triton.next_power_of_2(depth))
+        block_k = block_k or min(512 if wide else MAX_BLOCK_K, next_power_of_2(depth))
     block_k = max(min_block_k, block_k)
     num_warps = num_warps or max(warps, min(8, block_m * block_n * block_k // ELEMENTS_PER_WARP))
     gate_args = (None, None, None, None, 0, 0, 0, 0, 1.0)
@@ -197,7 +197,7 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, depth: int, prologue
         gates.beta = new_output((rows, gates.beta_columns), torch.float32, x.device)
         gate_args = (gates.a_log, gates.dt_bias, gates.g, gates.beta, gates.decay_start, decay_columns,
                      gates.beta_start, gates.beta_columns, float(gates.beta_scale))  # fmt: skip
-    _gemv_kernel[(triton.cdiv(columns, block_n),)](
+    _gemv_kernel[(cdiv(columns, block_n),)](
         x, weight, bias, y, rows, columns, depth, x.stride(0), y.stride(0), aux, 0 if aux is None else aux.stride(0),
         norm_weight, total, eps, *gate_args, BM=block_m, BN=block_n, BK=block_k, HAS_BIAS=bias is not None,
         PROLOGUE=prologue.value,

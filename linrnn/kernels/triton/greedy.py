@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from linrnn.kernels.triton import next_power_of_2
+
 BLOCK = 32768  # logits a loop step: 32000 in one
 WARPS = 16
 
@@ -39,6 +41,6 @@ def greedy_step(logits: Tensor, next_tokens: Tensor, tokens: Tensor, positions: 
     """logits ``[S, V]`` (unit column stride) → in place: ``next_tokens[s]`` and ``tokens[s]`` (any stride) = the
     row's argmax, ``positions[s]`` and ``counters[s]`` += 1; all int64 ``[S]``."""
     slots, vocab = logits.shape
-    block = min(BLOCK, triton.next_power_of_2(vocab))
+    block = min(BLOCK, next_power_of_2(vocab))
     _greedy_step_kernel[(slots,)](logits, logits.stride(0), vocab, next_tokens, tokens, tokens.stride(0), positions,
                                   counters, BLOCK=block, num_warps=WARPS)  # fmt: skip

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from linrnn.kernels.triton import new_output
+from linrnn.kernels.triton import cdiv, new_output, next_power_of_2
 
 BLOCK_T, BLOCK_C = 32, 128
 BWD_SPAN, BWD_CHANNELS, BWD_WARPS = 128, 512, 4  # the backward's rows and channels per program
@@ -216,17 +216,17 @@ def short_conv_step(x: Tensor, weight: Tensor, history: Tensor,
     width = weight.shape[1]
     y = new_output((batch, 1, channels), x.dtype, x.device)
     norm_channels, group, eps = normalize or (0, 0, 0.0)
-    block = max(BLOCK_C, triton.next_power_of_2(group)) if group else BLOCK_C
-    blocks = triton.cdiv(channels - norm_channels, block) + (norm_channels // group if group else 0)
+    block = max(BLOCK_C, next_power_of_2(group)) if group else BLOCK_C
+    blocks = cdiv(channels - norm_channels, block) + (norm_channels // group if group else 0)
     _short_conv_step_kernel[(blocks, batch)](
         x, weight, history, y, channels, x.stride(0), eps, norm_channels, W=width,
-        BW=triton.next_power_of_2(width - 1), BC=block, GROUP=group,
+        BW=next_power_of_2(width - 1), BC=block, GROUP=group,
     )  # fmt: skip
     return y
 
 
 def _launch_shape(x: Tensor, rows: int = BLOCK_T, channels: int = BLOCK_C) -> tuple[int, int, int]:
-    return triton.cdiv(x.shape[1], rows), triton.cdiv(x.shape[2], channels), x.shape[0]
+    return cdiv(x.shape[1], rows), cdiv(x.shape[2], channels), x.shape[0]
 
 
 MAX_PIECES = 4  # of the output (and its gradient): q, k, v and one extra key stream
