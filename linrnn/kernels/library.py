@@ -289,7 +289,8 @@ chunk_forward_op.register_autograd(_backward, setup_context=_setup_context)
 class _EagerChunk(torch.autograd.Function):
     """The two ops' implementations and autograd without the dispatcher, for calls outside ``torch.compile``: the
     custom op's dispatch, argument defaults and aliasing checks cost more host time per call than the forward's
-    kernel launches (one H100, torch 2.11: ~0.5 ms of a 1 ms forward at 1 × 64 tokens)."""
+    kernel launches (the H100 machine, torch 2.11: a GDN forward at 1 × 64 tokens took 954 µs with them, 362 µs
+    without them and with the launch sizes computed on the host)."""
 
     @staticmethod
     def forward(ctx, *inputs):
