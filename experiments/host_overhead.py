@@ -17,8 +17,7 @@ import os
 import pstats
 
 import torch
-
-from experiments.profile_chunk import fla_op, linrnn_op, make_inputs, wall_median
+from profile_chunk import fla_op, linrnn_op, make_inputs, wall_median  # this script's folder
 
 
 def main():

@@ -60,3 +60,12 @@ def test_load_is_zero_out_of_bounds():
     out = torch.zeros(1, device=DEVICE)
     load_sum_kernel[(1,)](x, out, 0, 5, 1, 2, 8, 2, 12, 8, 8)  # rows 2..4 valid (3), columns 8..11 valid (4)
     assert out.item() == 12
+
+
+def test_host_launch_sizes_match_triton():
+    """``cdiv`` and ``next_power_of_2`` (host launch sizes, cheaper to call) give Triton's results."""
+    from linrnn.kernels.triton import cdiv, next_power_of_2
+
+    assert [next_power_of_2(n) for n in range(2100)] == [triton.next_power_of_2(n) for n in range(2100)]
+    pairs = [(x, y) for x in range(300) for y in range(1, 70)]
+    assert [cdiv(x, y) for x, y in pairs] == [triton.cdiv(x, y) for x, y in pairs]
