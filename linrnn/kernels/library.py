@@ -22,7 +22,8 @@ the inputs' dtype, and the backward reuses them. Those come from the sequential 
 time grows with the sequence length rather than the batch (at 1×16384 with 6 heads it has 96 programs walking 256
 chunks); the parallel launches (decay cumsums, intra-chunk matrices, the block solve) rerun in the backward, and
 the output kernel too with per-head decay, where it forms ``A_qk``. With ``keep_intra`` as well (``KEEP_INTRA``)
-the forward also returns its intra-chunk matrices ``[n, B·T, H, 64]`` fp32 (``triton.chunk.intra_names``) and,
+the forward also returns its intra-chunk matrices ``[B·T, H, 64]`` one after the other in a byte buffer (fp32, A_qk
+in the inputs' dtype; ``triton.chunk.intra_views``) and,
 with erase, the scaled erase keys ``W_s`` ``[B·T, H, K]``, and the backward reruns only the decay cumsums. The torch
 backward reruns the chunked forward under ``torch.func.vjp``.
 
@@ -159,10 +160,10 @@ def _(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase_gate, era
         if erase:
             values = v.new_empty((batch * steps, heads, value_dim))
         if keep_intra:
-            from linrnn.kernels.triton.chunk import CHUNK, intra_names
+            from linrnn.kernels.triton.chunk import intra_bytes, intra_names
 
             names = intra_names(erase, w is not None)
-            intra = q.new_empty((len(names), batch * steps, heads, CHUNK), dtype=torch.float32)
+            intra = q.new_empty((intra_bytes(names, q.dtype, batch * steps, heads),), dtype=torch.uint8)
             if erase:
                 write_keys = q.new_empty((batch * steps, heads, key_dim))
     return o, final, states, values, intra, write_keys

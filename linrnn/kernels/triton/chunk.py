@@ -217,8 +217,9 @@ def chunk_forward(
     if intra_kept and not states_kept:
         raise ValueError("chunk_forward: kept intra-chunk matrices need the kept states too")
     names = intra_names(erase, decoupled)
-    intra = kept["intra"] if intra_kept else torch.empty(len(names), TT, H, CHUNK, dtype=torch.float32, device=device)
-    matrices = dict.fromkeys(("A_kk", "A_qw", "A_kw", "T")) | dict(zip(names, intra.unbind(0), strict=True))
+    size = intra_bytes(names, dtype, TT, H)
+    intra = kept["intra"] if intra_kept else torch.empty(size, dtype=torch.uint8, device=device)
+    matrices = dict.fromkeys(("A_kk", "A_qw", "A_kw", "T")) | intra_views(intra, names, dtype, TT, H)
     A_qk, A_kk, A_qw, A_kw, T = (matrices[name] for name in ("A_qk", "A_kk", "A_qw", "A_kw", "T"))
     per_channel = layout.decay == DECAY_CHANNEL.value
     intra_grid = (NT, H, (CHUNK // SUB_CHUNK) ** 2 if per_channel else 1)
@@ -283,9 +284,31 @@ def chunk_forward(
 
 
 def intra_names(erase: bool, decoupled: bool) -> tuple[str, ...]:
-    """The intra-chunk matrices ``[TT, H, 64]`` fp32 a forward forms, in the order of ``saved["intra"]``
-    ``[len(names), TT, H, 64]``: ``A_qk``; with erase ``A_kk`` and ``T``; decoupled ``A_qw`` and ``A_kw``."""
+    """The intra-chunk matrices ``[TT, H, 64]`` a forward forms, in their order in ``saved["intra"]``: ``A_qk``; with
+    erase ``A_kk`` and ``T``; decoupled ``A_qw`` and ``A_kw``."""
     return ("A_qk",) + (("A_kk", "T") if erase else ()) + (("A_qw", "A_kw") if decoupled else ())
+
+
+def _intra_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """A_qk in the inputs' dtype (every kernel that reads it rounds it to that dtype for a product first: the same
+    bits, half the traffic), the others fp32 (they enter fp32 products and sums)."""
+    return dtype if name == "A_qk" else torch.float32
+
+
+def intra_bytes(names: tuple[str, ...], dtype: torch.dtype, tokens: int, heads: int) -> int:
+    """Size of the byte buffer ``saved["intra"]`` holding the matrices ``names`` for inputs of ``dtype``."""
+    return sum(tokens * heads * CHUNK * _intra_dtype(name, dtype).itemsize for name in names)
+
+
+def intra_views(buffer: Tensor, names: tuple[str, ...], dtype: torch.dtype, tokens: int, heads: int) -> dict:
+    """The matrices ``[tokens, heads, 64]`` inside the byte buffer ``buffer`` (``intra_bytes``), one after the
+    other in ``names``' order, each in its dtype (``_intra_dtype``)."""
+    views, offset = {}, 0
+    for name in names:
+        size = tokens * heads * CHUNK * _intra_dtype(name, dtype).itemsize
+        views[name] = buffer[offset : offset + size].view(_intra_dtype(name, dtype)).view(tokens, heads, CHUNK)
+        offset += size
+    return views
 
 
 def _block(size: int, cap: int) -> int:

@@ -127,7 +127,7 @@ def chunk_intra_kernel(
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, DECOUPLED: tl.constexpr, READ: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """``A_qk`` (no or per-channel decay; scale and diagonal included) and ``A_kk`` (strict), fp32 ``[TT, H, BT]``;
+    """``A_qk`` (no or per-channel decay; scale and diagonal included) and ``A_kk`` (strict), ``[TT, H, BT]``;
     k: the erase direction. ``DECOUPLED`` (a write key w ≠ k) adds ``A_qw`` (scale and diagonal included) and
     ``A_kw`` (strict). ``READ``: the erase reads the state along r (``r = b ⊙ k``, a gated erase), which is then the
     rows of A_kk and A_kw (``A_rk``, ``A_rw``); else r is k.
