@@ -20,12 +20,14 @@ benchmarks/test_chunk_gpu.py). Inputs: bf16 q, k, v, a; fp32 gates.
 ``chunk.WARPS``), ``bv<K>=columns`` (``chunk.STATE_BLOCK_V``), ``programs=n`` (``chunk.STATE_MIN_PROGRAMS``),
 ``fused_k=n`` (``chunk.FUSED_MAX_K``; 0: never the fused backward), ``fused_bv=n`` (``chunk.FUSED_BLOCK_V``),
 ``state_stages=n`` and ``stages=n`` (``chunk.STAGES_16BIT`` up to K = 128), ``solve_wu_block=n``
-(``chunk.SOLVE_WU_BLOCK``), ``local_first=1`` (``chunk.STATE_BWD_LOCAL_FIRST``);
+(``chunk.SOLVE_WU_BLOCK``), ``solve_kk_block=n`` (``chunk.SOLVE_KK_BLOCK``), ``local_first=1``
+(``chunk.STATE_BWD_LOCAL_FIRST``);
 "" is the defaults.
 """
 
 import argparse
 import collections
+import functools
 import os
 import statistics
 import time
@@ -33,7 +35,7 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from linrnn import ops
 from linrnn.kernels.triton import chunk
@@ -107,14 +109,64 @@ def kernel_table(run, repeats):
     return sorted(((name, ms, counts[name]) for name, ms in times.items()), key=lambda row: -row[1])
 
 
+def timeline(run, calls=5):
+    """Where the time of a call with a sync goes, from one profiler trace of ``calls`` calls (µs, medians): from the
+    call's start to its first kernel's start on the GPU, the kernels' busy time, the GPU idle between them, from
+    the last kernel's end to the sync's return, and the largest idle gap with the kernels around it."""
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            with record_function("timed_call"):
+                run()
+                torch.cuda.synchronize()
+    events = prof.events()
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == "timed_call")
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in events
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    rows = collections.defaultdict(list)
+    for start, end in spans:
+        inside = [k for k in kernels if start <= k[0] <= end]
+        if not inside:
+            continue
+        gaps = [(b[0] - a[1], a[2], b[2]) for a, b in zip(inside, inside[1:], strict=False)]
+        rows["total"].append(end - start)
+        rows["to first kernel"].append(inside[0][0] - start)
+        rows["kernels busy"].append(sum(k[1] - k[0] for k in inside))
+        rows["idle between kernels"].append(sum(max(0.0, g[0]) for g in gaps))
+        rows["last kernel to return"].append(end - max(k[1] for k in inside))
+        rows["kernels"].append(len(inside))
+        if gaps:
+            rows["largest gap"].append(max(gaps))
+    summary = {name: statistics.median(values) for name, values in rows.items() if name != "largest gap"}
+    if rows["largest gap"]:
+        summary["largest gap"] = max(rows["largest gap"])
+    return summary
+
+
+def show_timeline(label, run):
+    summary = timeline(run)
+    gap = summary.pop("largest gap", None)
+    print(
+        f"-- {label} call + sync timeline (µs, median of 5): " + ", ".join(f"{k} {v:.0f}" for k, v in summary.items())
+    )
+    if gap:
+        print(f"   largest idle gap {gap[0]:.0f} µs, between {gap[1][:40]} and {gap[2][:40]}")
+
+
 def apply_variant(variant, defaults):
     """Reset the launch settings to ``defaults``, then apply ``variant`` (see the module docstring)."""
-    warps, block_v, programs, fused_k, fused_v, stages, solve_wu_block, local_first = defaults
+    warps, block_v, programs, fused_k, fused_v, stages, solve_wu_block, solve_kk_block, local_first = defaults
     chunk.STATE_BWD_LOCAL_FIRST = local_first
     chunk.WARPS.update(warps)
     chunk.STATE_BLOCK_V.update(block_v)
     chunk.STATE_MIN_PROGRAMS, chunk.FUSED_MAX_K, chunk.FUSED_BLOCK_V = programs, fused_k, fused_v
     chunk.SOLVE_WU_BLOCK = solve_wu_block
+    if solve_kk_block is not None:
+        chunk.SOLVE_KK_BLOCK = solve_kk_block
     chunk.STAGES_16BIT[:] = stages
     for item in filter(None, variant.split(",")):
         key, value = item.split("=")
@@ -134,6 +186,8 @@ def apply_variant(variant, defaults):
             chunk.FUSED_BLOCK_V = int(value)
         elif key == "solve_wu_block":
             chunk.SOLVE_WU_BLOCK = int(value)
+        elif key == "solve_kk_block":
+            chunk.SOLVE_KK_BLOCK = int(value)
         elif key == "local_first":
             chunk.STATE_BWD_LOCAL_FIRST = bool(int(value))
         else:
@@ -202,6 +256,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--variants", nargs="+", default=[""], help="launch settings to compare (module docstring)")
     parser.add_argument("--fla", action="store_true", help="also profile FLA 0.6.0's matching op")
+    parser.add_argument("--timeline", action="store_true", help="where a call + sync's time goes (host, GPU, idle)")
     args = parser.parse_args()
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
     batch, steps = map(int, args.shape.split("x"))
@@ -215,6 +270,7 @@ def main():
         chunk.FUSED_BLOCK_V,
         list(chunk.STAGES_16BIT),
         chunk.SOLVE_WU_BLOCK,
+        getattr(chunk, "SOLVE_KK_BLOCK", None),  # an older tree may lack it
         chunk.STATE_BWD_LOCAL_FIRST,
     )
     for cell in args.cells:
@@ -226,6 +282,13 @@ def main():
         if args.fla:
             results["FLA"] = measure(fla_op(cell, x), x, d_o, args.repeats)
         show(cell, results)
+        if args.timeline:
+            leaves = list(x.values())
+            for name, make in (("linrnn", linrnn_op), ("FLA", fla_op))[: 2 if args.fla else 1]:
+                forward = make(cell, x)
+                show_timeline(f"{name} fwd", forward)
+                grad = functools.partial(torch.autograd.grad, inputs=leaves, grad_outputs=d_o, allow_unused=True)
+                show_timeline(f"{name} fwd+bwd", lambda f=forward, grad=grad: grad(f()))
 
 
 if __name__ == "__main__":

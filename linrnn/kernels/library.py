@@ -160,9 +160,11 @@ def _(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase_gate, era
         if erase:
             values = v.new_empty((batch * steps, heads, value_dim))
         if keep_intra:
-            from linrnn.kernels.triton.chunk import intra_bytes, intra_names
+            from linrnn.kernels.triton.chunk import fused_path, intra_bytes, intra_names
 
-            names = intra_names(erase, w is not None)
+            per_channel = g is not None and g.dim() == 4
+            fused = fused_path(erase, w is not None, erase_gate is not None, per_channel, key_dim)
+            names = intra_names(erase, w is not None, fused)
             intra = q.new_empty((intra_bytes(names, q.dtype, batch * steps, heads),), dtype=torch.uint8)
             if erase:
                 write_keys = q.new_empty((batch * steps, heads, key_dim))

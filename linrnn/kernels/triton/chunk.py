@@ -66,6 +66,8 @@ FUSED_MAX_K = 128
 FUSED_BLOCK_V = 32
 # key and value columns per step of the solve kernel's W_s and U_v products (in one warp: registers)
 SOLVE_WU_BLOCK = 32
+# key columns per step of the solve kernel's A_kk product on the fused path
+SOLVE_KK_BLOCK = 64
 # the backward state pass's chunk-local term (A_qkᵀ dO) from a parallel kernel first, so the sequential
 # loop does one product fewer per chunk: True, False, or None (by length: when the sequences average at least
 # LOCAL_FIRST_MIN_CHUNKS chunks). At the 340M shapes (H = 6, K = 128, V = 256, H200) it took 4.9% off GDN's and
@@ -216,16 +218,18 @@ def chunk_forward(
     intra_kept, states_kept = kept.get("intra") is not None, kept.get("states") is not None
     if intra_kept and not states_kept:
         raise ValueError("chunk_forward: kept intra-chunk matrices need the kept states too")
-    names = intra_names(erase, decoupled)
+    per_channel = layout.decay == DECAY_CHANNEL.value
+    fused = fused_path(erase, decoupled, read is not None, per_channel, K)
+    names = intra_names(erase, decoupled, fused)
     size = intra_bytes(names, dtype, TT, H)
     intra = kept["intra"] if intra_kept else torch.empty(size, dtype=torch.uint8, device=device)
     matrices = dict.fromkeys(("A_kk", "A_qw", "A_kw", "T")) | intra_views(intra, names, dtype, TT, H)
     A_qk, A_kk, A_qw, A_kw, T = (matrices[name] for name in ("A_qk", "A_kk", "A_qw", "A_kw", "T"))
-    per_channel = layout.decay == DECAY_CHANNEL.value
     intra_grid = (NT, H, (CHUNK // SUB_CHUNK) ** 2 if per_channel else 1)
     intra_warps = {DECAY_CHANNEL.value: "intra_channel", DECAY_HEAD.value: "intra_head"}.get(layout.decay, "intra")
-    # with per-head decay and neither erase nor a decoupled key the output kernel forms A_qk, all there is
-    if not intra_kept and (layout.decay != DECAY_HEAD.value or erase or decoupled):
+    # the output kernel forms A_qk with per-head decay, and on the fused path, where the solve forms A_kk
+    form_qk = layout.decay == DECAY_HEAD.value or fused
+    if not intra_kept and not fused and (not form_qk or erase or decoupled):
         chunk_intra_kernel[intra_grid](
             q, k, w, read, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
             BK=_block(K, 64), DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, READ=read is not None,
@@ -245,7 +249,8 @@ def chunk_forward(
             V=V, BT=CHUNK,
             BC=SUB_CHUNK,
             BK=_block(K, SOLVE_WU_BLOCK), BV=_block(V, SOLVE_WU_BLOCK), DECAY=layout.decay, HAS_BETA=has_beta,
-            DECOUPLED=decoupled, STORE_VALUES=not states_kept, PREC=layout.precision,
+            DECOUPLED=decoupled, STORE_VALUES=not states_kept, FORM_KK=fused, BKK=_block(K, SOLVE_KK_BLOCK),
+            PREC=layout.precision,
             num_warps=layout.warps("solve_wu"), num_stages=layout.stages,
         )  # fmt: skip
     if erase and not states_kept:
@@ -269,13 +274,13 @@ def chunk_forward(
     del U_v
 
     o = None
-    if need_output or layout.decay == DECAY_HEAD.value and not intra_kept:
+    if need_output or form_qk and not intra_kept:
         o = new_output(v.shape, v.dtype, device)
         block_v = _block(V, OUTPUT_BLOCK_V)
         chunk_output_kernel[(cdiv(V, block_v), NT, H)](
             q, k, v, beta, G, states, U, A_qk, A_qw, o, **common, v_stride=v_stride, scale=scale, H=H, K=K, V=V,
             BT=CHUNK, BK=_block(K, 64), BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta,
-            DECOUPLED=decoupled, PREC=layout.precision, num_warps=layout.warps("output"),
+            DECOUPLED=decoupled, FORM_QK=form_qk, PREC=layout.precision, num_warps=layout.warps("output"),
             num_stages=layout.stages_of("output"),
         )  # fmt: skip
     saved = dict(layout=layout, G=G, A_qk=A_qk, A_kk=A_kk, A_qw=A_qw, A_kw=A_kw, T=T, W_s=W_s, U=U, states=states,
@@ -283,10 +288,18 @@ def chunk_forward(
     return o, final, saved
 
 
-def intra_names(erase: bool, decoupled: bool) -> tuple[str, ...]:
+def fused_path(erase: bool, decoupled: bool, has_read: bool, per_channel: bool, key_dim: int) -> bool:
+    """A tied erase along k with no or per-head decay and K ≤ ``FUSED_MAX_K`` (DeltaNet, Gated DeltaNet): the
+    solve forms A_kk itself (no intra kernel, A_kk never stored), the output kernel A_qk, and one backward kernel
+    follows the state pass."""
+    return erase and not decoupled and not has_read and not per_channel and key_dim <= FUSED_MAX_K
+
+
+def intra_names(erase: bool, decoupled: bool, fused: bool) -> tuple[str, ...]:
     """The intra-chunk matrices ``[TT, H, 64]`` a forward forms, in their order in ``saved["intra"]``: ``A_qk``; with
-    erase ``A_kk`` and ``T``; decoupled ``A_qw`` and ``A_kw``."""
-    return ("A_qk",) + (("A_kk", "T") if erase else ()) + (("A_qw", "A_kw") if decoupled else ())
+    erase ``A_kk`` (not on the ``fused`` path) and ``T``; decoupled ``A_qw`` and ``A_kw``."""
+    erase_names = ("T",) if fused else ("A_kk", "T")
+    return ("A_qk",) + (erase_names if erase else ()) + (("A_qw", "A_kw") if decoupled else ())
 
 
 def _intra_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
@@ -371,13 +384,13 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         num_stages=layout.state_stages,
     )  # fmt: skip
 
-    if erase and not decoupled and read is None and decay != DECAY_CHANNEL.value and K <= FUSED_MAX_K:
+    if fused_path(erase, decoupled, read is not None, decay == DECAY_CHANNEL.value, K):
         dq = new_output(q.shape, q.dtype, device)
         dk, dv = (new_output(x.shape, x.dtype, device) for x in (k, v))
         dg = new_output(g.shape, g.dtype, device) if g is not None else None
         dbeta = new_output(beta.shape, beta.dtype, device) if has_beta else None
         chunk_bwd_fused_kernel[(NT, H)](
-            q, k, v, beta, G, saved["T"], saved["A_kk"], states, dstates, saved["U"], dU, do, dq, dk, dv, dg, dbeta,
+            q, k, v, beta, G, saved["T"], states, dstates, saved["U"], dU, do, dq, dk, dv, dg, dbeta,
             **common, v_stride=v_stride, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, FUSED_MAX_K),
             BV=_block(V, FUSED_BLOCK_V),
             DECAY=decay, HAS_BETA=has_beta, PREC=precision, num_warps=layout.warps("fused"), num_stages=layout.stages,

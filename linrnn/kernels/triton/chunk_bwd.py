@@ -275,8 +275,7 @@ def chunk_bwd_local_kernel(
 
 @triton.jit
 def chunk_bwd_fused_kernel(
-    q, k, v, beta, G, T, A_kk, states, dstates, U, dU, do, dq, dk, dv, dg, dbeta, cu_seqlens, chunk_index, v_stride,
-    scale,
+    q, k, v, beta, G, T, states, dstates, U, dU, do, dq, dk, dv, dg, dbeta, cu_seqlens, chunk_index, v_stride, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -287,7 +286,8 @@ def chunk_bwd_fused_kernel(
     so ``dT = dU (βV − βK̂ S)ᵀ = dU Uᵀ T⁻ᵀ`` and, with ``D = Tᵀ dU`` (the gradient of βV),
     ``dL = −Tᵀ dT Tᵀ = −D Uᵀ`` (L = Diag(β) A_kk) and ``d(βK̂) = Tᵀ dW_s = −D Sᵀ``. Summing over V blocks:
     dQ̂, dǨ, d(βK̂), dA_qk, dL, dv, dβ's V part; then dq, dA_kk, dk, dβ and dg (the reverse cumsum of dG
-    over the chunk)."""
+    over the chunk). A_kk itself is not read: its part of dβ, ``Σ_i dL[r, i] A_kk[r, i] = k_r · Y_r`` with
+    ``Y = (dL ⊙ Γ_r/Γ_i) K``, comes from the product dk needs anyway (``dA_kk K = Diag(β) Y``)."""
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     dtype = states.dtype.element_ty
@@ -324,15 +324,14 @@ def chunk_bwd_fused_kernel(
     k_t = load_head_tile(k, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
     d_aqk = tl.where(rows >= cols, d_aqk * scale, 0.0)
     d_l = tl.where(rows > cols, d_l, 0.0)
-    d_beta += tl.sum(d_l * load_head_tile(A_kk, bos, length, h, c * BT, 0, H, BT, BT, BT), axis=1)
-    d_akk = d_l * b[:, None]
     d_q = d_qhat * scale
     if DECAY == DECAY_HEAD:
         g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
         ratio = tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
         d_aqk *= ratio
-        d_akk *= ratio
+        d_l *= ratio
         d_q *= tl.exp(g_t)
+    d_akk = d_l * b[:, None]  # with the decay ratios
     d_q += tl.dot(d_aqk, k_t, input_precision=PREC)
     store_head_tile(dq, d_q.to(dq.dtype.element_ty), bos, length, h, c * BT, 0, H, K, BT, BK)
     q_t = load_head_tile(q, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
@@ -347,10 +346,12 @@ def chunk_bwd_fused_kernel(
     else:
         d_beta += tl.sum(k_t * d_bk, axis=1)
         d_kp = d_bk * b[:, None]
+    d_lk = tl.dot(d_l, k_t, input_precision=PREC)  # Y
+    d_beta += tl.sum(k_t * d_lk, axis=1)
     if HAS_BETA:
         d_beta = d_beta.to(dbeta.dtype.element_ty)
         tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
-    d_kp += tl.dot(d_akk, k_t, input_precision=PREC)
+    d_kp += d_lk * b[:, None]
     if DECAY == DECAY_HEAD:
         d_g += tl.sum(k_t * d_kp, axis=1)
     d_km = d_kcheck + tl.dot(tl.trans(d_akk), k_t, input_precision=PREC)

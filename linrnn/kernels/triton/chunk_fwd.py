@@ -15,7 +15,8 @@ W_s (``T = (I + Diag(β) A_rk)⁻¹``, ``W_s = T Diag(β) (R ⊙ Γ)``); k stays
 
 Kernels, in launch order: ``cumsum`` (G, fp32), ``intra`` (A_kk; without per-head decay also A_qk),
 ``solve_wu`` (T, then W_s and U_v from T's blocks in registers), ``state`` (sequential over chunks: S per
-chunk and U), ``output``.
+chunk and U), ``output``. A tied erase with no or per-head decay (``chunk.fused_path``) runs no ``intra``: the
+solve forms A_kk and the output kernel A_qk.
 
 Decay ratios never overflow: per-head decay masks the exponent ``G_r − G_i`` to
 ``i ≤ r`` before ``exp``. Per-channel decay computes each 16 × 16 block of A on its
@@ -373,16 +374,39 @@ def _store_rows(x, y0, y1, y2, y3, bos, length, h, row0, col0, H: tl.constexpr, 
 
 
 @triton.jit
+def _store_block_kk(k, G, out, bos, length, h, r0, valid, stride, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                    BK: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """Store the chunk's strictly lower ``A_kk[r, i] = (k_r ⊙ Γ_r/Γ_i)·k_i`` (fp32, ``[BT, BT]``) at ``out``, laid
+    out as A_kk (chunk rows from ``r0`` in the sequence, ``stride`` between rows). No or per-head decay only."""
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        k_t = load_head_tile(k, bos, length, h, r0, kb * BK, H, K, BT, BK)
+        kk += tl.dot(k_t, tl.trans(k_t), input_precision=PREC)
+    idx = tl.arange(0, BT)
+    rows, cols = idx[:, None], idx[None, :]
+    if DECAY == DECAY_HEAD:
+        g_t = tl.load(G + (bos + r0 + idx) * H + h, mask=idx < valid, other=0)
+    keep = (rows > cols) & (rows < valid)
+    if DECAY == DECAY_HEAD:
+        kk *= tl.exp(tl.where(keep, g_t[:, None] - g_t[None, :], 0.0))  # masked before exp
+    store_tile(out, tl.where(keep, kk, 0.0), r0, 0, length, BT, stride, BT, BT)
+
+
+@triton.jit
 def chunk_solve_wu_kernel(
     k, v, beta, G, A_kk, A_kw, T, W_s, U_v, cu_seqlens, chunk_index, v_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, STORE_VALUES: tl.constexpr,
-    PREC: tl.constexpr,
+    FORM_KK: tl.constexpr, BKK: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """``T = (I + Diag(β) A_kk)⁻¹`` ``[TT, H, 64]`` fp32, then from its blocks in registers
     ``W_s = T Diag(β) (K ⊙ Γ)`` ``[TT, H, K]`` (k: the erase direction) and ``U_v = T Diag(β) V`` ``[TT, H, V]``,
     both in the inputs' dtype; decoupled, ``U_v = T P V`` with ``P = −Diag(β) A_kw Diag(β)``. U_v feeds only the
     state pass: ``STORE_VALUES=False`` (the backward with the forward's states kept) skips it.
+
+    ``FORM_KK`` (no or per-head decay, tied erase): A_kk is formed here from k, by ``BKK`` key columns at a time
+    (``A_kk`` unused, nothing of it kept), and staged in the chunk's own rows of T, which the blocks and the
+    substitution read as they would A_kk before T overwrites them.
 
     T by 16 × 16 blocks: the four diagonal blocks by forward substitution (a chain of cross-thread reductions,
     fastest in one warp), then ``T_ab = −T_aa Σ_{b≤c<a} L_ac T_cb`` (L = Diag(β) A_kk). The substitution is exact
@@ -391,13 +415,20 @@ def chunk_solve_wu_kernel(
     tl.static_assert(BT == 64 and BC == 16, "the block solve is written out for a 64-step chunk")
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
-    a_base, t_base = A_kk + (bos * H + h) * BT, T + (bos * H + h) * BT
+    t_base = T + (bos * H + h) * BT
+    if FORM_KK:  # A_kk formed here, staged where T goes
+        a_base = t_base
+    else:
+        a_base = A_kk + (bos * H + h) * BT
     stride = H * BT
     r0 = c * BT
     b0 = _beta(beta, bos, h, r0, valid, H, BC, HAS_BETA)
     b1 = _beta(beta, bos, h, r0 + 16, valid - 16, H, BC, HAS_BETA)
     b2 = _beta(beta, bos, h, r0 + 32, valid - 32, H, BC, HAS_BETA)
     b3 = _beta(beta, bos, h, r0 + 48, valid - 48, H, BC, HAS_BETA)
+    if FORM_KK:  # A_kk staged in this chunk's rows of T, then read back by blocks as from A_kk
+        _store_block_kk(k, G, t_base, bos, length, h, r0, valid, stride, H, K, BT, BKK, DECAY, PREC)
+        tl.debug_barrier()  # the staged A_kk visible to every thread of the program
     l10 = b1[:, None] * _load_block(a_base, length, r0 + 16, 0, stride, BC)
     l20 = b2[:, None] * _load_block(a_base, length, r0 + 32, 0, stride, BC)
     l21 = b2[:, None] * _load_block(a_base, length, r0 + 32, 16, stride, BC)
@@ -418,6 +449,8 @@ def chunk_solve_wu_kernel(
     t30 = -tl.dot(t33, tl.dot(l30, t00, input_precision=PREC) + tl.dot(l31, t10, input_precision=PREC)
                   + tl.dot(l32, t20, input_precision=PREC), input_precision=PREC)  # fmt: skip
     zero = tl.zeros([BC, BC], dtype=tl.float32)
+    if FORM_KK:
+        tl.debug_barrier()  # every row of the staged blocks read before T overwrites them
     _store_block(t_base, t00, length, r0, 0, stride, BC)
     _store_block(t_base, zero, length, r0, 16, stride, BC)
     _store_block(t_base, zero, length, r0, 32, stride, BC)
@@ -527,12 +560,13 @@ def chunk_state_fwd_kernel(
 def chunk_output_kernel(
     q, k, v, beta, G, states, U, A_qk, A_qw, o, cu_seqlens, chunk_index, v_stride, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, PREC: tl.constexpr,
+    DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr,
+    FORM_QK: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """``O = (scale Q ⊙ Γ) S + A_qk U [+ A_qw Diag(β) V]`` for one chunk, head and BV value columns.
 
-    With per-head decay A_qk is formed here (from Q K̃ᵀ, K̃ the erase direction or, without erase, the key)
-    and the first value block's programs store it for the backward."""
+    ``FORM_QK`` (no or per-head decay): A_qk is formed here (from Q K̃ᵀ, K̃ the erase direction or, without
+    erase, the key) and the first value block's programs store it for the backward; else it is read."""
     vb, i, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     dtype = states.dtype.element_ty
@@ -541,7 +575,7 @@ def chunk_output_kernel(
     qk = tl.zeros([BT, BT], dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BK)):
         q_t = load_head_tile(q, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
-        if DECAY == DECAY_HEAD:
+        if FORM_QK:
             k_t = load_head_tile(k, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
             qk += tl.dot(q_t, tl.trans(k_t), input_precision=PREC)
         q_t = q_t.to(tl.float32)
@@ -550,12 +584,13 @@ def chunk_output_kernel(
             q_t *= tl.exp(g_t)
         s_t = load_tile(state_base, kb * BK, vb * BV, K, V, V, BK, BV)
         out += tl.dot((q_t * scale).to(dtype), s_t, input_precision=PREC)
-    if DECAY != DECAY_HEAD:
+    if not FORM_QK:
         a_t = load_head_tile(A_qk, bos, length, h, c * BT, 0, H, BT, BT, BT)
     else:
         rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
-        g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
-        qk *= tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
+        if DECAY == DECAY_HEAD:
+            g_t, _ = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
+            qk *= tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
         a_t = tl.where(rows >= cols, qk * scale, 0.0)
         if vb == 0:
             store_head_tile(A_qk, a_t, bos, length, h, c * BT, 0, H, BT, BT, BT)
