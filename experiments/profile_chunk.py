@@ -121,11 +121,14 @@ def timeline(run, calls=5):
                 run()
                 torch.cuda.synchronize()
     events = prof.events()
-    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == "timed_call")
+    cuda = torch.autograd.DeviceType.CUDA
+    spans = sorted(
+        (e.time_range.start, e.time_range.end) for e in events if e.name == "timed_call" and e.device_type != cuda
+    )
+    # the annotation shows on the GPU's timeline too: not a kernel
     kernels = sorted(
-        (e.time_range.start, e.time_range.end, e.name)
-        for e in events
-        if e.device_type == torch.autograd.DeviceType.CUDA
+        {(e.time_range.start, e.time_range.end, e.name) for e in events if e.device_type == cuda}
+        - {(e.time_range.start, e.time_range.end, e.name) for e in events if e.name == "timed_call"}
     )
     rows = collections.defaultdict(list)
     for start, end in spans:
