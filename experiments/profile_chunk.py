@@ -19,7 +19,8 @@ benchmarks/test_chunk_gpu.py). Inputs: bf16 q, k, v, a; fp32 gates.
 ``--variants`` compares launch settings side by side, each a comma list of ``kernel=warps`` (keys of
 ``chunk.WARPS``), ``bv<K>=columns`` (``chunk.STATE_BLOCK_V``), ``programs=n`` (``chunk.STATE_MIN_PROGRAMS``),
 ``fused_k=n`` (``chunk.FUSED_MAX_K``; 0: never the fused backward), ``fused_bv=n`` (``chunk.FUSED_BLOCK_V``),
-``state_stages=n`` and ``stages=n`` (``chunk.STAGES_16BIT`` up to K = 128), ``solve_wu_block=n``
+``state_stages=n`` and ``stages=n`` (``chunk.STAGES_16BIT`` up to K = 128), ``stages_<kernel>=n``
+(``chunk.KERNEL_STAGES_16BIT``, kernels named as in ``chunk.WARPS``), ``solve_wu_block=n``
 (``chunk.SOLVE_WU_BLOCK``), ``solve_kk_block=n`` (``chunk.SOLVE_KK_BLOCK``), ``local_first=1``
 (``chunk.STATE_BWD_LOCAL_FIRST``);
 "" is the defaults.
@@ -162,7 +163,8 @@ def show_timeline(label, run):
 
 def apply_variant(variant, defaults):
     """Reset the launch settings to ``defaults``, then apply ``variant`` (see the module docstring)."""
-    warps, block_v, programs, fused_k, fused_v, stages, solve_wu_block, solve_kk_block, local_first = defaults
+    warps, block_v, programs, fused_k, fused_v, stages, kernel_stages, solve_wu_block, solve_kk_block = defaults[:9]
+    local_first = defaults[9]
     chunk.STATE_BWD_LOCAL_FIRST = local_first
     chunk.WARPS.update(warps)
     chunk.STATE_BLOCK_V.update(block_v)
@@ -171,6 +173,8 @@ def apply_variant(variant, defaults):
     if solve_kk_block is not None:
         chunk.SOLVE_KK_BLOCK = solve_kk_block
     chunk.STAGES_16BIT[:] = stages
+    chunk.KERNEL_STAGES_16BIT.clear()
+    chunk.KERNEL_STAGES_16BIT.update(kernel_stages)
     for item in filter(None, variant.split(",")):
         key, value = item.split("=")
         if key == "state_stages":
@@ -179,6 +183,8 @@ def apply_variant(variant, defaults):
             chunk.STAGES_16BIT[0] = (chunk.STAGES_16BIT[0][0], int(value))
         elif key in chunk.WARPS:
             chunk.WARPS[key] = int(value)
+        elif key.startswith("stages_"):  # a kernel's depth for 16-bit inputs (chunk.KERNEL_STAGES_16BIT)
+            chunk.KERNEL_STAGES_16BIT[key.removeprefix("stages_")] = int(value)
         elif key.startswith("bv"):
             chunk.STATE_BLOCK_V[int(key[2:])] = int(value)
         elif key == "programs":
@@ -272,6 +278,7 @@ def main():
         chunk.FUSED_MAX_K,
         chunk.FUSED_BLOCK_V,
         list(chunk.STAGES_16BIT),
+        dict(chunk.KERNEL_STAGES_16BIT),
         chunk.SOLVE_WU_BLOCK,
         getattr(chunk, "SOLVE_KK_BLOCK", None),  # an older tree may lack it
         chunk.STATE_BWD_LOCAL_FIRST,

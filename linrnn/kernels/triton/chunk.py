@@ -55,8 +55,9 @@ STATE_MIN_PROGRAMS = 64
 # "<kernel>_decoupled": a decoupled write key's launch (GammaNet), timed at the 340M model's shapes (4×4096 and
 # 1×16384, H = 6, K = 128, V = 256, H200, experiments/tune_chunk.py): the solve with 2 warps (its extra P V product)
 # 276 -> 204 µs, where the tied one takes 96 with 1 and 148 with 2; the main backward kernel 265 -> 203 µs with 4
-# warps tied (KDA), 330 -> 372 decoupled
-WARPS = dict(intra=4, intra_head=8, intra_channel=2, solve_wu=1, solve_wu_decoupled=2, state_fwd=4, output=4,
+# warps tied (KDA), 330 -> 372 decoupled. The output kernel with 8 (GDN, H200): 292 -> 274 µs at 8×4096 H = 16,
+# 103 -> 97 at the 340M shapes
+WARPS = dict(intra=4, intra_head=8, intra_channel=2, solve_wu=1, solve_wu_decoupled=2, state_fwd=4, output=8,
              state_bwd=8, main=4, main_decoupled=8, local=8, bwd_intra=4, bwd_intra_channel=2, fused=8,
              local_du=4)  # fmt: skip
 # value columns per output-kernel program (each program reads the chunk's q, and k for A_qk, whole)
@@ -234,7 +235,7 @@ def chunk_forward(
             q, k, w, read, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
             BK=_block(K, 64), DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, READ=read is not None,
             PREC=layout.precision,
-            num_warps=layout.warps(intra_warps), num_stages=layout.stages,
+            num_warps=layout.warps(intra_warps), num_stages=layout.stages_of(intra_warps),
         )  # fmt: skip
 
     W_s = U = U_v = None
@@ -251,7 +252,7 @@ def chunk_forward(
             BK=_block(K, SOLVE_WU_BLOCK), BV=_block(V, SOLVE_WU_BLOCK), DECAY=layout.decay, HAS_BETA=has_beta,
             DECOUPLED=decoupled, STORE_VALUES=not states_kept, FORM_KK=fused, BKK=_block(K, SOLVE_KK_BLOCK),
             PREC=layout.precision,
-            num_warps=layout.warps("solve_wu"), num_stages=layout.stages,
+            num_warps=layout.warps("solve_wu"), num_stages=layout.stages_of("solve_wu"),
         )  # fmt: skip
     if erase and not states_kept:
         U = torch.empty(TT, H, V, dtype=dtype, device=device)
@@ -372,7 +373,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         block_v = _block(V, 64)
         chunk_bwd_local_du_kernel[(cdiv(V, block_v), NT, H)](
             saved["A_qk"], do, dU, **common, H=H, V=V, BT=CHUNK, BV=block_v, PREC=precision,
-            num_warps=layout.warps("local_du"), num_stages=layout.stages,
+            num_warps=layout.warps("local_du"), num_stages=layout.stages_of("local_du"),
         )  # fmt: skip
     block_v = _state_block_v(layout)
     chunk_state_bwd_kernel[(cdiv(V, block_v), layout.sequences * H)](
@@ -393,7 +394,8 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
             q, k, v, beta, G, saved["T"], states, dstates, saved["U"], dU, do, dq, dk, dv, dg, dbeta,
             **common, v_stride=v_stride, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, FUSED_MAX_K),
             BV=_block(V, FUSED_BLOCK_V),
-            DECAY=decay, HAS_BETA=has_beta, PREC=precision, num_warps=layout.warps("fused"), num_stages=layout.stages,
+            DECAY=decay, HAS_BETA=has_beta, PREC=precision, num_warps=layout.warps("fused"),
+            num_stages=layout.stages_of("fused"),
         )  # fmt: skip
         return dq, dk, None, dv, dg, dbeta, d_initial, None, None
 
@@ -406,7 +408,7 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
         k, w, v, beta, G, states, dstates, saved["U"], dU, do, dq_part, dk_minus, dw_minus, dW_s, dG_last, **common,
         v_stride=v_stride, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=block_k, BV=_block(V, 64), DECAY=decay, ERASE=erase,
         HAS_BETA=has_beta, DECOUPLED=decoupled, PREC=precision, num_warps=layout.warps("main"),
-        num_stages=layout.stages,
+        num_stages=layout.stages_of("main"),
     )  # fmt: skip
 
     (dA_qk,) = buffers(1, TT, H, CHUNK)
@@ -439,13 +441,14 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     d_read = new_output(k.shape, torch.float32, device) if read is not None else None
     dG = torch.empty(g.shape, **f32) if g is not None else None
     grid = (NT, H, (CHUNK // SUB_CHUNK) * cdiv(K, block_k) if per_channel else 1)
+    bwd_intra = "bwd_intra_channel" if per_channel else "bwd_intra"
     d_log_gamma_partial = torch.zeros(NT * (CHUNK // SUB_CHUNK), H, K, **f32) if fused_fold else None
     chunk_bwd_intra_kernel[grid](
         q, k, w, read, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, d_read, dG,
         fold[0] if fused_fold else None, d_log_gamma_partial, **common, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
         BK=block_k, DECAY=decay, ERASE=erase, DECOUPLED=decoupled, READ=read is not None, FOLD=fused_fold,
         PREC=precision,
-        num_warps=layout.warps("bwd_intra_channel" if per_channel else "bwd_intra"), num_stages=layout.stages,
+        num_warps=layout.warps(bwd_intra), num_stages=layout.stages_of(bwd_intra),
     )  # fmt: skip
     d_log_gamma = None
     if fused_fold:
