@@ -21,11 +21,11 @@ returns the chunk start states ``[rows, H, K, V]`` and, with erase, the correcte
 the inputs' dtype, and the backward reuses them. Those come from the sequential state pass, the one launch whose
 time grows with the sequence length rather than the batch (at 1×16384 with 6 heads it has 96 programs walking 256
 chunks); the parallel launches (decay cumsums, intra-chunk matrices, the block solve) rerun in the backward, and
-the output kernel too with per-head decay, where it forms ``A_qk``. With ``keep_intra`` as well (``KEEP_INTRA``)
-the forward also returns its intra-chunk matrices ``[B·T, H, 64]`` one after the other in a byte buffer (fp32, A_qk
-in the inputs' dtype; ``triton.chunk.intra_views``) and,
-with erase, the scaled erase keys ``W_s`` ``[B·T, H, K]``, and the backward reruns only the decay cumsums. The torch
-backward reruns the chunked forward under ``torch.func.vjp``.
+the output kernel too where it forms ``A_qk`` (per-head decay, and DeltaNet's ``triton.chunk.fused_path``). With
+``keep_intra`` as well (``KEEP_INTRA``) the forward also returns its intra-chunk matrices ``[B·T, H, 64]`` one after
+the other in a byte buffer (fp32, A_qk in the inputs' dtype; ``triton.chunk.intra_views``) and, with erase, the
+scaled erase keys ``W_s`` ``[B·T, H, K]``, and the backward reruns only the decay cumsums. The torch backward
+reruns the chunked forward under ``torch.func.vjp``.
 
 GammaNet (``log_gamma``): the ops run the kernels on ``Γq`` and ``Γ⁻¹w`` in the inputs' dtype (bf16 under autocast)
 and the backward goes back through the fold from the kernels' fp32 gradients of those two (inside the last
