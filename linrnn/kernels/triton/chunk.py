@@ -56,7 +56,8 @@ STATE_MIN_PROGRAMS = 64
 # 1×16384, H = 6, K = 128, V = 256, H200, experiments/tune_chunk.py): the solve with 2 warps (its extra P V product)
 # 276 -> 204 µs, where the tied one takes 96 with 1 and 148 with 2; the main backward kernel 265 -> 203 µs with 4
 # warps tied (KDA), 330 -> 372 decoupled. The output kernel with 8 (GDN, H200): 292 -> 274 µs at 8×4096 H = 16,
-# 103 -> 97 at the 340M shapes
+# 103 -> 97 at the 340M shapes (on an H100 the earlier kernel, storing A_qk in fp32, went 362 -> 445 at 8×4096 and
+# 118 -> 113 at the 340M shapes with 8: not yet retimed there)
 WARPS = dict(intra=4, intra_head=8, intra_channel=2, solve_wu=1, solve_wu_decoupled=2, state_fwd=4, output=8,
              state_bwd=8, main=4, main_decoupled=8, local=8, bwd_intra=4, bwd_intra_channel=2, fused=8,
              local_du=4)  # fmt: skip
