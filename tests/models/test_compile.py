@@ -143,6 +143,27 @@ def test_custom_op_registration(backend, varlen, initial_state, folded, gated):
     assert set(results.values()) == {"SUCCESS"}, results
 
 
+@pytest.mark.parametrize("head_decay", [False, True])
+def test_custom_op_registration_fused_path(head_decay):
+    """``torch.library.opcheck`` of the Triton path DeltaNet and Gated DeltaNet take (``triton.chunk.fused_path``:
+    tied erase, no or per-head decay), whose kept intra-chunk buffer holds no A_kk: the fake's size must match."""
+    pytest.importorskip("triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    batch_size, steps, heads, key_dim, value_dim = 2, 19, 2, 8, 6
+
+    def leaf(*shape):
+        return torch.randn(*shape, device=device, requires_grad=True)
+
+    q, v = leaf(batch_size, steps, heads, key_dim), leaf(batch_size, steps, heads, value_dim)
+    k = F.normalize(torch.randn(batch_size, steps, heads, key_dim, device=device), dim=-1).requires_grad_()
+    g = (-torch.rand(batch_size, steps, heads, device=device)).requires_grad_() if head_decay else None
+    beta = torch.rand(batch_size, steps, heads, device=device, requires_grad=True)
+    args = (q, k, None, v, g, beta, None, None, None, None, True, 0.3, True, True, "triton", 4, True, True)
+    results = torch.library.opcheck(library.chunk_forward_op, args)
+    assert set(results.values()) == {"SUCCESS"}, results
+
+
 @pytest.mark.parametrize("folded", [False, True])
 def test_eager_path_equals_the_custom_op(folded):
     """Outside ``torch.compile`` the recurrence runs the custom op's implementation and autograd without the
