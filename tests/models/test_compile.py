@@ -143,10 +143,10 @@ def test_custom_op_registration(backend, varlen, initial_state, folded, gated):
     assert set(results.values()) == {"SUCCESS"}, results
 
 
-@pytest.mark.parametrize("head_decay", [False, True])
-def test_custom_op_registration_fused_path(head_decay):
+def test_custom_op_registration_fused_path():
     """``torch.library.opcheck`` of the Triton path DeltaNet and Gated DeltaNet take (``triton.chunk.fused_path``:
-    tied erase, no or per-head decay), whose kept intra-chunk buffer holds no A_kk: the fake's size must match."""
+    tied erase, no or per-head decay; here GDN's per-head decay), whose kept intra-chunk buffer holds no A_kk: the
+    fake's size must match."""
     pytest.importorskip("triton")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
@@ -157,7 +157,7 @@ def test_custom_op_registration_fused_path(head_decay):
 
     q, v = leaf(batch_size, steps, heads, key_dim), leaf(batch_size, steps, heads, value_dim)
     k = F.normalize(torch.randn(batch_size, steps, heads, key_dim, device=device), dim=-1).requires_grad_()
-    g = (-torch.rand(batch_size, steps, heads, device=device)).requires_grad_() if head_decay else None
+    g = (-torch.rand(batch_size, steps, heads, device=device)).requires_grad_()
     beta = torch.rand(batch_size, steps, heads, device=device, requires_grad=True)
     args = (q, k, None, v, g, beta, None, None, None, None, True, 0.3, True, True, "triton", 4, True, True)
     results = torch.library.opcheck(library.chunk_forward_op, args)
