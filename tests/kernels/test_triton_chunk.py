@@ -82,7 +82,7 @@ def test_value_blocks_of_the_output_kernel(cell, monkeypatch):
     compare(cell, inputs, 1e-5)
 
 
-@pytest.mark.parametrize("cell", ["gated_deltanet", "gammanet", "gdn2"])
+@pytest.mark.parametrize("cell", ["gated_deltanet", "kda", "gammanet", "gdn2"])
 def test_varlen(cell):
     lengths = [3, 64, 1, 17]
     inputs = make_inputs(cell, B=1, T=sum(lengths), H=2, K=12, V=10, initial_state=True, num_states=4, seed=3)
