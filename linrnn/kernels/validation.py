@@ -24,14 +24,20 @@ def describe(x: object) -> str:
 
 def check_tensor(op: str, name: str, x: object, expected: list[int | str], names: str) -> None:
     """``expected`` holds ints (sizes that must match) and letters (free sizes); ``names`` is the
-    symbolic shape, e.g. ``"[B, T, H, K]"``."""
-    concrete = "[" + ", ".join(str(size) for size in expected) + "]"
+    symbolic shape, e.g. ``"[B, T, H, K]"``. Every op call runs this on each input: the messages are formed only
+    on failure."""
     if not isinstance(x, Tensor):
-        fail(op, f"argument '{name}' must be a torch.Tensor of shape {names} = {concrete}, got {type(x).__name__}")
+        fail(op, f"argument '{name}' must be a torch.Tensor of shape {names} = {_sizes(expected)}, got "
+                 f"{type(x).__name__}")  # fmt: skip
     if not x.is_floating_point():
         fail(op, f"argument '{name}' must be a floating-point tensor, got dtype {x.dtype}")
-    if x.dim() != len(expected) or any(isinstance(w, int) and s != w for s, w in zip(x.shape, expected, strict=True)):
-        fail(op, f"argument '{name}' must have shape {names} = {concrete}, got shape {list(x.shape)}")
+    shape = x.shape
+    if len(shape) != len(expected) or any(isinstance(w, int) and s != w for s, w in zip(shape, expected, strict=True)):
+        fail(op, f"argument '{name}' must have shape {names} = {_sizes(expected)}, got shape {list(shape)}")
+
+
+def _sizes(expected: list[int | str]) -> str:
+    return "[" + ", ".join(str(size) for size in expected) + "]"
 
 
 def check_same(op: str, tensors: dict[str, Tensor | None], attr: str) -> None:
