@@ -28,6 +28,7 @@ benchmarks/test_chunk_gpu.py). Inputs: bf16 q, k, v, a; fp32 gates.
 
 import argparse
 import collections
+import copy
 import functools
 import os
 import statistics
@@ -161,20 +162,24 @@ def show_timeline(label, run):
         print(f"   largest idle gap {gap[0]:.0f} µs, between {gap[1][:40]} and {gap[2][:40]}")
 
 
+# the launch settings a variant may change, restored before each variant (an older tree may lack some)
+SETTINGS = ("WARPS", "STATE_BLOCK_V", "STATE_MIN_PROGRAMS", "FUSED_MAX_K", "FUSED_BLOCK_V", "STAGES_16BIT",
+            "KERNEL_STAGES_16BIT", "SOLVE_WU_BLOCK", "SOLVE_KK_BLOCK", "STATE_BWD_LOCAL_FIRST")  # fmt: skip
+# variant keys that set one integer setting
+INT_SETTINGS = dict(programs="STATE_MIN_PROGRAMS", fused_k="FUSED_MAX_K", fused_bv="FUSED_BLOCK_V",
+                    solve_wu_block="SOLVE_WU_BLOCK", solve_kk_block="SOLVE_KK_BLOCK")  # fmt: skip
+
+
+def launch_settings():
+    """A copy of the chunk module's current launch settings (``SETTINGS``)."""
+    return {name: copy.deepcopy(getattr(chunk, name)) for name in SETTINGS if hasattr(chunk, name)}
+
+
 def apply_variant(variant, defaults):
-    """Reset the launch settings to ``defaults``, then apply ``variant`` (see the module docstring)."""
-    warps, block_v, programs, fused_k, fused_v, stages, kernel_stages, solve_wu_block, solve_kk_block = defaults[:9]
-    local_first = defaults[9]
-    chunk.STATE_BWD_LOCAL_FIRST = local_first
-    chunk.WARPS.update(warps)
-    chunk.STATE_BLOCK_V.update(block_v)
-    chunk.STATE_MIN_PROGRAMS, chunk.FUSED_MAX_K, chunk.FUSED_BLOCK_V = programs, fused_k, fused_v
-    chunk.SOLVE_WU_BLOCK = solve_wu_block
-    if solve_kk_block is not None:
-        chunk.SOLVE_KK_BLOCK = solve_kk_block
-    chunk.STAGES_16BIT[:] = stages
-    chunk.KERNEL_STAGES_16BIT.clear()
-    chunk.KERNEL_STAGES_16BIT.update(kernel_stages)
+    """Reset the launch settings to ``defaults`` (``launch_settings()``), then apply ``variant`` (see the module
+    docstring)."""
+    for name, value in defaults.items():
+        setattr(chunk, name, copy.deepcopy(value))
     for item in filter(None, variant.split(",")):
         key, value = item.split("=")
         if key == "state_stages":
@@ -187,16 +192,8 @@ def apply_variant(variant, defaults):
             chunk.KERNEL_STAGES_16BIT[key.removeprefix("stages_")] = int(value)
         elif key.startswith("bv"):
             chunk.STATE_BLOCK_V[int(key[2:])] = int(value)
-        elif key == "programs":
-            chunk.STATE_MIN_PROGRAMS = int(value)
-        elif key == "fused_k":
-            chunk.FUSED_MAX_K = int(value)
-        elif key == "fused_bv":
-            chunk.FUSED_BLOCK_V = int(value)
-        elif key == "solve_wu_block":
-            chunk.SOLVE_WU_BLOCK = int(value)
-        elif key == "solve_kk_block":
-            chunk.SOLVE_KK_BLOCK = int(value)
+        elif key in INT_SETTINGS:
+            setattr(chunk, INT_SETTINGS[key], int(value))
         elif key == "local_first":
             chunk.STATE_BWD_LOCAL_FIRST = bool(int(value))
         else:
@@ -271,18 +268,7 @@ def main():
     batch, steps = map(int, args.shape.split("x"))
     x, d_o = make_inputs(batch, steps, args.heads, args.dim, args.value_dim)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, args.shape)
-    defaults = (
-        dict(chunk.WARPS),
-        dict(chunk.STATE_BLOCK_V),
-        chunk.STATE_MIN_PROGRAMS,
-        chunk.FUSED_MAX_K,
-        chunk.FUSED_BLOCK_V,
-        list(chunk.STAGES_16BIT),
-        dict(chunk.KERNEL_STAGES_16BIT),
-        chunk.SOLVE_WU_BLOCK,
-        getattr(chunk, "SOLVE_KK_BLOCK", None),  # an older tree may lack it
-        chunk.STATE_BWD_LOCAL_FIRST,
-    )
+    defaults = launch_settings()
     for cell in args.cells:
         results = {}
         for variant in args.variants:

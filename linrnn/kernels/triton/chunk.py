@@ -229,9 +229,11 @@ def chunk_forward(
     A_qk, A_kk, A_qw, A_kw, T = (matrices[name] for name in ("A_qk", "A_kk", "A_qw", "A_kw", "T"))
     intra_grid = (NT, H, (CHUNK // SUB_CHUNK) ** 2 if per_channel else 1)
     intra_warps = {DECAY_CHANNEL.value: "intra_channel", DECAY_HEAD.value: "intra_head"}.get(layout.decay, "intra")
-    # the output kernel forms A_qk with per-head decay, and on the fused path, where the solve forms A_kk
+    # the output kernel forms A_qk with per-head decay, and on the fused path, where the solve forms A_kk: the intra
+    # kernel runs for the rest, and with per-head decay only for an erase or a decoupled key
     form_qk = layout.decay == DECAY_HEAD.value or fused
-    if not intra_kept and not fused and (not form_qk or erase or decoupled):
+    needs_intra = not fused and (layout.decay != DECAY_HEAD.value or erase or decoupled)
+    if not intra_kept and needs_intra:
         chunk_intra_kernel[intra_grid](
             q, k, w, read, G, A_qk, A_kk, A_qw, A_kw, **common, scale=scale, H=H, K=K, BT=CHUNK, BC=SUB_CHUNK,
             BK=_block(K, 64), DECAY=layout.decay, ERASE=erase, DECOUPLED=decoupled, READ=read is not None,
@@ -320,7 +322,7 @@ def intra_views(buffer: Tensor, names: tuple[str, ...], dtype: torch.dtype, toke
     other in ``names``' order, each in its dtype (``_intra_dtype``)."""
     views, offset = {}, 0
     for name in names:
-        size = tokens * heads * CHUNK * _intra_dtype(name, dtype).itemsize
+        size = intra_bytes((name,), dtype, tokens, heads)
         views[name] = buffer[offset : offset + size].view(_intra_dtype(name, dtype)).view(tokens, heads, CHUNK)
         offset += size
     return views

@@ -384,10 +384,9 @@ def _store_block_kk(k, G, out, bos, length, h, r0, valid, stride, H: tl.constexp
         kk += tl.dot(k_t, tl.trans(k_t), input_precision=PREC)
     idx = tl.arange(0, BT)
     rows, cols = idx[:, None], idx[None, :]
-    if DECAY == DECAY_HEAD:
-        g_t = tl.load(G + (bos + r0 + idx) * H + h, mask=idx < valid, other=0)
     keep = (rows > cols) & (rows < valid)
     if DECAY == DECAY_HEAD:
+        g_t = tl.load(G + (bos + r0 + idx) * H + h, mask=idx < valid, other=0)
         kk *= tl.exp(tl.where(keep, g_t[:, None] - g_t[None, :], 0.0))  # masked before exp
     store_tile(out, tl.where(keep, kk, 0.0), r0, 0, length, BT, stride, BT, BT)
 
