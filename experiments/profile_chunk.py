@@ -19,7 +19,6 @@ benchmarks/test_chunk_gpu.py). Inputs: bf16 q, k, v, a; fp32 gates.
 ``--variants`` compares launch settings side by side, each a comma list of ``kernel=warps`` (keys of
 ``chunk.WARPS``), ``bv<K>=columns`` (``chunk.STATE_BLOCK_V``), ``programs=n`` (``chunk.STATE_MIN_PROGRAMS``),
 ``fused_k=n`` (``chunk.FUSED_MAX_K``; 0: never the fused backward), ``fused_bv=n`` (``chunk.FUSED_BLOCK_V``),
-``fused_bk=n`` (``chunk.FUSED_BLOCK_K``),
 ``state_stages=n`` and ``stages=n`` (``chunk.STAGES_16BIT`` up to K = 128), ``stages_<kernel>=n``
 (``chunk.KERNEL_STAGES_16BIT``, kernels named as in ``chunk.WARPS``), ``solve_wu_block=n``
 (``chunk.SOLVE_WU_BLOCK``), ``solve_kk_block=n`` (``chunk.SOLVE_KK_BLOCK``), ``local_first=1``
@@ -164,13 +163,11 @@ def show_timeline(label, run):
 
 
 # the launch settings a variant may change, restored before each variant (an older tree may lack some)
-SETTINGS = ("WARPS", "STATE_BLOCK_V", "STATE_MIN_PROGRAMS", "FUSED_MAX_K", "FUSED_BLOCK_V", "FUSED_BLOCK_K",
-            "STAGES_16BIT", "KERNEL_STAGES_16BIT", "SOLVE_WU_BLOCK", "SOLVE_KK_BLOCK",
-            "STATE_BWD_LOCAL_FIRST")  # fmt: skip
+SETTINGS = ("WARPS", "STATE_BLOCK_V", "STATE_MIN_PROGRAMS", "FUSED_MAX_K", "FUSED_BLOCK_V", "STAGES_16BIT",
+            "KERNEL_STAGES_16BIT", "SOLVE_WU_BLOCK", "SOLVE_KK_BLOCK", "STATE_BWD_LOCAL_FIRST")  # fmt: skip
 # variant keys that set one integer setting
 INT_SETTINGS = dict(programs="STATE_MIN_PROGRAMS", fused_k="FUSED_MAX_K", fused_bv="FUSED_BLOCK_V",
-                    fused_bk="FUSED_BLOCK_K", solve_wu_block="SOLVE_WU_BLOCK",
-                    solve_kk_block="SOLVE_KK_BLOCK")  # fmt: skip
+                    solve_wu_block="SOLVE_WU_BLOCK", solve_kk_block="SOLVE_KK_BLOCK")  # fmt: skip
 
 
 def launch_settings():

@@ -66,20 +66,6 @@ def test_tied_erase_general_backward(cell, monkeypatch):
     compare(cell, inputs, 1e-5)
 
 
-@pytest.mark.parametrize("cell", ["deltanet", "gated_deltanet"])
-@pytest.mark.parametrize("block_k, K, varlen", [(64, 72, False), (16, 40, True)], ids=["K72", "K40-varlen"])
-def test_fused_backward_key_blocks(cell, block_k, K, varlen, monkeypatch):
-    """The fused backward with its key columns split over programs (``FUSED_BLOCK_K``; the last block partly
-    masked): dβ and dg summed over the blocks' fp32 parts, dv and dβ's V part from the first block only."""
-    monkeypatch.setattr(chunk, "FUSED_BLOCK_K", block_k)
-    assert chunk.fused_path(True, False, False, False, K) and chunk.cdiv(K, block_k) > 1
-    lengths = [3, 64, 1, 17] if varlen else [65]
-    inputs = make_inputs(cell, B=1, T=sum(lengths), H=2, K=K, V=12, initial_state=True, num_states=len(lengths),
-                         seed=9)  # fmt: skip
-    varlen_args = dict(cu_seqlens=torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=DEVICE))
-    compare(cell, inputs, 1e-5, **(varlen_args if varlen else {}))
-
-
 @pytest.mark.parametrize("cell", ["gla", "kda", "gammanet", "gdn2"])
 def test_two_key_blocks(cell):
     """K = 72: two 64-wide key blocks in the backward's per-block kernels (a bug there passed every K ≤ 64 test)."""

@@ -66,8 +66,6 @@ OUTPUT_BLOCK_V = 128
 # tied erase with no or per-head decay (DeltaNet, GDN): one backward kernel after the state pass, up to this K
 FUSED_MAX_K = 128
 FUSED_BLOCK_V = 32
-# key columns per program of that kernel (K = 128 in two programs: half the registers each, two fit an SM)
-FUSED_BLOCK_K = 64
 # key and value columns per step of the solve kernel's W_s and U_v products (in one warp: registers)
 SOLVE_WU_BLOCK = 32
 # key columns per step of the solve kernel's A_kk product on the fused path
@@ -393,26 +391,15 @@ def chunk_backward(do, d_final, q, k, w, v, g, beta, initial_state, saved, *, er
     if fused_path(erase, decoupled, read is not None, decay == DECAY_CHANNEL.value, K):
         dq = new_output(q.shape, q.dtype, device)
         dk, dv = (new_output(x.shape, x.dtype, device) for x in (k, v))
-        block_k = _block(K, FUSED_BLOCK_K)
-        splits = cdiv(K, block_k)
-
-        def summed_output(x):  # dβ and dg: fp32 parts per key block, [splits, *x.shape], when K is split
-            if splits == 1:
-                return new_output(x.shape, x.dtype, device)
-            return new_output((splits, *x.shape), torch.float32, device)
-
-        dg = summed_output(g) if g is not None else None
-        dbeta = summed_output(beta) if has_beta else None
-        chunk_bwd_fused_kernel[(NT, H, splits)](
+        dg = new_output(g.shape, g.dtype, device) if g is not None else None
+        dbeta = new_output(beta.shape, beta.dtype, device) if has_beta else None
+        chunk_bwd_fused_kernel[(NT, H)](
             q, k, v, beta, G, saved["T"], states, dstates, saved["U"], dU, do, dq, dk, dv, dg, dbeta,
-            **common, v_stride=v_stride, scale=scale, part_stride=TT * H, H=H, K=K, V=V, BT=CHUNK, BK=block_k,
+            **common, v_stride=v_stride, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=_block(K, FUSED_MAX_K),
             BV=_block(V, FUSED_BLOCK_V),
             DECAY=decay, HAS_BETA=has_beta, PREC=precision, num_warps=layout.warps("fused"),
             num_stages=layout.stages_of("fused"),
         )  # fmt: skip
-        if splits > 1:
-            dg = dg.sum(0).to(g.dtype) if g is not None else None
-            dbeta = dbeta.sum(0).to(beta.dtype) if has_beta else None
         return dq, dk, None, dv, dg, dbeta, d_initial, None, None
 
     dq_part, dk_minus = buffers(2, TT, H, K)

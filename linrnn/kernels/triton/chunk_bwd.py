@@ -276,16 +276,11 @@ def chunk_bwd_local_kernel(
 @triton.jit
 def chunk_bwd_fused_kernel(
     q, k, v, beta, G, T, states, dstates, U, dU, do, dq, dk, dv, dg, dbeta, cu_seqlens, chunk_index, v_stride, scale,
-    part_stride, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DECAY: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DECAY: tl.constexpr, HAS_BETA: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Everything after the state pass for one chunk, for a tied erase with no or per-head decay, with no
-    intermediate in memory; one program per chunk, head and ``BK`` key columns (axis 2).
-
-    The key columns split the ``[BT, K]`` accumulators (registers: one program of 8 warps with all of K = 128 fills
-    an SM); every program forms the V-side products (D, dA_qk, dL) itself. dv and dβ's V part come from the first.
-    dβ and dg sum over the key columns: with more than one block each program stores its fp32 part at
-    ``kb · part_stride`` of ``dbeta`` / ``dg`` (``[NK, TT, H]``), which the caller sums.
+    """Everything after the state pass for one chunk, for a tied erase with no or per-head decay and K ≤ BK,
+    with no intermediate in memory.
 
     The solve's gradients need no dW_s or dT: W_s enters only through ``U = U_v − W_s S = T (βV − βK̂ S)``,
     so ``dT = dU (βV − βK̂ S)ᵀ = dU Uᵀ T⁻ᵀ`` and, with ``D = Tᵀ dU`` (the gradient of βV),
@@ -293,11 +288,10 @@ def chunk_bwd_fused_kernel(
     dQ̂, dǨ, d(βK̂), dA_qk, dL, dv, dβ's V part; then dq, dA_kk, dk, dβ and dg (the reverse cumsum of dG
     over the chunk). A_kk itself is not read: its part of dβ, ``Σ_i dL[r, i] A_kk[r, i] = k_r · Y_r`` with
     ``Y = (dL ⊙ Γ_r/Γ_i) K``, comes from the product dk needs anyway (``dA_kk K = Diag(β) Y``)."""
-    i, h, kb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     dtype = states.dtype.element_ty
     state_base = (i * H + h).to(tl.int64) * K * V
-    k0, part = kb * BK, kb.to(tl.int64) * part_stride
     b = _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)
     t_idx = tl.arange(0, BT)
     rows, cols = t_idx[:, None], t_idx[None, :]
@@ -310,17 +304,16 @@ def chunk_bwd_fused_kernel(
     d_l = tl.zeros([BT, BT], dtype=tl.float32)
     d_beta = tl.zeros([BT], dtype=tl.float32)
     for vb in range(0, tl.cdiv(V, BV)):
-        s_t = load_tile(states + state_base, k0, vb * BV, K, V, V, BK, BV)
-        ds_t = load_tile(dstates + state_base, k0, vb * BV, K, V, V, BK, BV)
+        s_t = load_tile(states + state_base, 0, vb * BV, K, V, V, BK, BV)
+        ds_t = load_tile(dstates + state_base, 0, vb * BV, K, V, V, BK, BV)
         do_t = load_head_tile(do, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         u_t = load_head_tile(U, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         du_t = load_head_tile(dU, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+        v_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
         d_bv = tl.dot(tl.trans(t_tile), du_t, input_precision=PREC)  # D: d(βV)
-        if kb == 0:
-            d_v = (d_bv * b[:, None]).to(dv.dtype.element_ty)
-            store_head_tile(dv, d_v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
-            v_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
-            d_beta += tl.sum(v_t * d_bv, axis=1)
+        d_v = (d_bv * b[:, None]).to(dv.dtype.element_ty)
+        store_head_tile(dv, d_v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+        d_beta += tl.sum(v_t * d_bv, axis=1)
         d_aqk += tl.dot(do_t, tl.trans(u_t), input_precision=PREC)
         d_l -= tl.dot(d_bv.to(dtype), tl.trans(u_t), input_precision=PREC)
         d_qhat += tl.dot(do_t, tl.trans(s_t), input_precision=PREC)
@@ -328,7 +321,7 @@ def chunk_bwd_fused_kernel(
         d_bk -= tl.dot(d_bv.to(dtype), tl.trans(s_t), input_precision=PREC)
         d_last += tl.sum(s_t.to(tl.float32) * ds_t.to(tl.float32), axis=1)
     # after the loop, in an order that keeps few [BT, BK] tiles live (per-head decay spilled registers otherwise)
-    k_t = load_head_tile(k, bos, length, h, c * BT, k0, H, K, BT, BK).to(tl.float32)
+    k_t = load_head_tile(k, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
     d_aqk = tl.where(rows >= cols, d_aqk * scale, 0.0)
     d_l = tl.where(rows > cols, d_l, 0.0)
     d_q = d_qhat * scale
@@ -340,8 +333,8 @@ def chunk_bwd_fused_kernel(
         d_q *= tl.exp(g_t)
     d_akk = d_l * b[:, None]  # with the decay ratios
     d_q += tl.dot(d_aqk, k_t, input_precision=PREC)
-    store_head_tile(dq, d_q.to(dq.dtype.element_ty), bos, length, h, c * BT, k0, H, K, BT, BK)
-    q_t = load_head_tile(q, bos, length, h, c * BT, k0, H, K, BT, BK).to(tl.float32)
+    store_head_tile(dq, d_q.to(dq.dtype.element_ty), bos, length, h, c * BT, 0, H, K, BT, BK)
+    q_t = load_head_tile(q, bos, length, h, c * BT, 0, H, K, BT, BK).to(tl.float32)
     if DECAY == DECAY_HEAD:
         d_g = tl.sum(q_t * d_q, axis=1)
         k_hat = k_t * tl.exp(g_t)
@@ -357,18 +350,18 @@ def chunk_bwd_fused_kernel(
     d_beta += tl.sum(k_t * d_lk, axis=1)
     if HAS_BETA:
         d_beta = d_beta.to(dbeta.dtype.element_ty)
-        tl.store(dbeta + part + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
+        tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
     d_kp += d_lk * b[:, None]
     if DECAY == DECAY_HEAD:
         d_g += tl.sum(k_t * d_kp, axis=1)
     d_km = d_kcheck + tl.dot(tl.trans(d_akk), k_t, input_precision=PREC)
     d_km += tl.dot(tl.trans(d_aqk), q_t, input_precision=PREC)
-    store_head_tile(dk, (d_kp + d_km).to(dk.dtype.element_ty), bos, length, h, c * BT, k0, H, K, BT, BK)
+    store_head_tile(dk, (d_kp + d_km).to(dk.dtype.element_ty), bos, length, h, c * BT, 0, H, K, BT, BK)
     if DECAY == DECAY_HEAD:
         d_g -= tl.sum(k_t * d_km, axis=1)
         d_g = tl.where(t_idx == valid - 1, d_g + last, d_g)
         d_g = tl.cumsum(tl.where(t_idx < valid, d_g, 0.0), axis=0, reverse=True)
-        tl.store(dg + part + (bos + c * BT + t_idx) * H + h, d_g.to(dg.dtype.element_ty), mask=t_idx < valid)
+        tl.store(dg + (bos + c * BT + t_idx) * H + h, d_g.to(dg.dtype.element_ty), mask=t_idx < valid)
 
 
 @triton.jit
