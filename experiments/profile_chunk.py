@@ -22,7 +22,7 @@ benchmarks/test_chunk_gpu.py). Inputs: bf16 q, k, v, a; fp32 gates.
 ``state_stages=n`` and ``stages=n`` (``chunk.STAGES_16BIT`` up to K = 128), ``stages_<kernel>=n``
 (``chunk.KERNEL_STAGES_16BIT``, kernels named as in ``chunk.WARPS``), ``solve_wu_block=n``
 (``chunk.SOLVE_WU_BLOCK``), ``solve_kk_block=n`` (``chunk.SOLVE_KK_BLOCK``), ``local_first=1``
-(``chunk.STATE_BWD_LOCAL_FIRST``);
+(``chunk.STATE_BWD_LOCAL_FIRST``), ``cached_launch=0`` (``launch.ENABLED``);
 "" is the defaults.
 """
 
@@ -41,6 +41,11 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from linrnn import ops
 from linrnn.kernels.triton import chunk
+
+try:
+    from linrnn.kernels.triton import launch
+except ImportError:  # an older tree
+    launch = None
 
 CELLS = ["gla", "deltanet", "gated_deltanet", "kda", "gammanet"]
 
@@ -180,6 +185,8 @@ def apply_variant(variant, defaults):
     docstring)."""
     for name, value in defaults.items():
         setattr(chunk, name, copy.deepcopy(value))
+    if launch is not None:
+        launch.ENABLED = True
     for item in filter(None, variant.split(",")):
         key, value = item.split("=")
         if key == "state_stages":
@@ -194,6 +201,8 @@ def apply_variant(variant, defaults):
             chunk.STATE_BLOCK_V[int(key[2:])] = int(value)
         elif key in INT_SETTINGS:
             setattr(chunk, INT_SETTINGS[key], int(value))
+        elif key == "cached_launch":  # launch.ENABLED: 0 launches every kernel through Triton's own path
+            launch.ENABLED = bool(int(value))
         elif key == "local_first":
             chunk.STATE_BWD_LOCAL_FIRST = bool(int(value))
         else:

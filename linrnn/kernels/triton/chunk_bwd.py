@@ -42,9 +42,11 @@ from linrnn.kernels.triton.chunk_fwd import (
     load_decay,
     state_program,
 )
+from linrnn.kernels.triton.launch import cached_launch
 from linrnn.kernels.triton.tiles import load_head_tile, load_row_tile, load_tile, store_head_tile
 
 
+@cached_launch
 @triton.jit
 def chunk_bwd_local_du_kernel(
     A_qk, do, dU, cu_seqlens, chunk_index,
@@ -61,6 +63,7 @@ def chunk_bwd_local_du_kernel(
     store_head_tile(dU, du, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
 
 
+@cached_launch
 @triton.jit
 def chunk_state_bwd_kernel(
     q, k, G, W_s, A_qk, do, dU, dstates, d_initial, d_final, cu_seqlens, chunk_offsets, scale,
@@ -110,6 +113,7 @@ def chunk_state_bwd_kernel(
         tl.store(d_initial + sequence_state + state_offsets, dstate, mask=state_mask)
 
 
+@cached_launch
 @triton.jit
 def chunk_bwd_main_kernel(
     k, w, v, beta, G, states, dstates, U, dU, do, dq, dk_minus, dw_minus, dW_s, dG_last, cu_seqlens, chunk_index,
@@ -172,6 +176,7 @@ def chunk_bwd_main_kernel(
         store_head_tile(dw_minus, d_wm, bos, length, h, c * BT, kb * BK, H, K, BT, BK)
 
 
+@cached_launch
 @triton.jit
 def chunk_bwd_local_kernel(
     k, w, v, beta, G, T, A_kk, A_qw, A_kw, U, dU, dstates, do, dW_s, dv, dbeta, dk_plus, dA_qk, dA_qw, dA_kk, dA_kw,
@@ -273,6 +278,7 @@ def chunk_bwd_local_kernel(
         tl.store(dbeta + (bos + c * BT + t_idx) * H + h, d_beta, mask=t_idx < valid)
 
 
+@cached_launch
 @triton.jit
 def chunk_bwd_fused_kernel(
     q, k, v, beta, G, T, states, dstates, U, dU, do, dq, dk, dv, dg, dbeta, cu_seqlens, chunk_index, v_stride, scale,
@@ -364,6 +370,7 @@ def chunk_bwd_fused_kernel(
         tl.store(dg + (bos + c * BT + t_idx) * H + h, d_g.to(dg.dtype.element_ty), mask=t_idx < valid)
 
 
+@cached_launch
 @triton.jit
 def chunk_bwd_intra_kernel(
     q, k, w, r, G, dA_qk, dA_kk, dA_qw, dA_kw, dq_part, dk_minus, dk_plus, dw_minus, dq, dk, dw, dr, dG, gamma,

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from linrnn.kernels import TRITON_CHUNK
+from linrnn.kernels.triton.launch import cached_launch
 from linrnn.kernels.triton.tiles import load_head_tile, load_row_tile, load_tile, store_head_tile, store_tile
 
 # Kernels read module globals only as constexpr.
@@ -71,6 +72,7 @@ def _chunk_bounds(cu_seqlens, chunk_index, i, BT: tl.constexpr):
     return bos, eos - bos, c, tl.minimum(BT, eos - bos - c * BT)
 
 
+@cached_launch
 @triton.jit
 def chunk_cumsum_kernel(
     x, out, extra, cu_seqlens, chunk_index,
@@ -122,6 +124,7 @@ def level_factors(g_block, g_x, x_valid, count, k_idx, row_stride, K: tl.constex
     return tl.where(lower2, factor, 0.0), tl.where(lower2, 0.0, factor), pairs
 
 
+@cached_launch
 @triton.jit
 def chunk_intra_kernel(
     q, k, w, r, G, A_qk, A_kk, A_qw, A_kw, cu_seqlens, chunk_index, scale,
@@ -391,6 +394,7 @@ def _store_block_kk(k, G, out, bos, length, h, r0, valid, stride, H: tl.constexp
     store_tile(out, tl.where(keep, kk, 0.0), r0, 0, length, BT, stride, BT, BT)
 
 
+@cached_launch
 @triton.jit
 def chunk_solve_wu_kernel(
     k, v, beta, G, A_kk, A_kw, T, W_s, U_v, cu_seqlens, chunk_index, v_stride,
@@ -508,6 +512,7 @@ def state_program(cu_seqlens, chunk_offsets, H: tl.constexpr, K: tl.constexpr, V
     return vb, h, bos, eos - bos, first, (n * H + h).to(tl.int64) * K * V, state_offsets, state_mask
 
 
+@cached_launch
 @triton.jit
 def chunk_state_fwd_kernel(
     k, w, v, beta, G, W_s, U_v, U, states, initial_state, final_state, cu_seqlens, chunk_offsets, v_stride,
@@ -555,6 +560,7 @@ def chunk_state_fwd_kernel(
         tl.store(final_state + sequence_state + state_offsets, state, mask=state_mask)
 
 
+@cached_launch
 @triton.jit
 def chunk_output_kernel(
     q, k, v, beta, G, states, U, A_qk, A_qw, o, cu_seqlens, chunk_index, v_stride, scale,
