@@ -419,19 +419,18 @@ def chunk_solve_wu_kernel(
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
     t_base = T + (bos * H + h) * BT
-    if FORM_KK:  # A_kk formed here, staged where T goes
-        a_base = t_base
-    else:
-        a_base = A_kk + (bos * H + h) * BT
     stride = H * BT
     r0 = c * BT
+    if FORM_KK:  # A_kk formed here and staged in this chunk's rows of T, then read back by blocks as from A_kk
+        a_base = t_base
+        _store_block_kk(k, G, t_base, bos, length, h, r0, valid, stride, H, K, BT, BKK, DECAY, PREC)
+        tl.debug_barrier()  # the staged A_kk visible to every thread of the program
+    else:
+        a_base = A_kk + (bos * H + h) * BT
     b0 = _beta(beta, bos, h, r0, valid, H, BC, HAS_BETA)
     b1 = _beta(beta, bos, h, r0 + 16, valid - 16, H, BC, HAS_BETA)
     b2 = _beta(beta, bos, h, r0 + 32, valid - 32, H, BC, HAS_BETA)
     b3 = _beta(beta, bos, h, r0 + 48, valid - 48, H, BC, HAS_BETA)
-    if FORM_KK:  # A_kk staged in this chunk's rows of T, then read back by blocks as from A_kk
-        _store_block_kk(k, G, t_base, bos, length, h, r0, valid, stride, H, K, BT, BKK, DECAY, PREC)
-        tl.debug_barrier()  # the staged A_kk visible to every thread of the program
     l10 = b1[:, None] * _load_block(a_base, length, r0 + 16, 0, stride, BC)
     l20 = b2[:, None] * _load_block(a_base, length, r0 + 32, 0, stride, BC)
     l21 = b2[:, None] * _load_block(a_base, length, r0 + 32, 16, stride, BC)

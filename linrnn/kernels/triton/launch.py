@@ -22,6 +22,7 @@ import functools
 import os
 
 import torch
+import triton
 from triton import knobs
 
 ENABLED = True
@@ -31,8 +32,6 @@ MAX_KEYS = 512  # per kernel; past it the cache starts over (many sequence lengt
 
 @functools.cache
 def _supported() -> bool:
-    import triton
-
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     return not interpreted and torch.cuda.is_available() and triton.__version__.startswith(TESTED_TRITON)
 
