@@ -99,11 +99,14 @@ def _chunk_forward(
         args = [value_rows(x) if x is v else _contiguous(x) for x in (q, k, w, v, g, beta, initial_state)]
         o, final, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                        fp32_accurate=fp32_accurate, read=read_vector(k, erase_gate))  # fmt: skip
+                                        fp32_accurate=fp32_accurate, read=read_vector(k, erase_gate),
+                                        store_states=keep_states)  # fmt: skip
         if keep_states:
             states, values = saved["states"], saved["U"]
-            if keep_intra:
-                intra, write_keys = saved["intra"], saved["W_s"]
+        if keep_intra:
+            intra, write_keys = saved["intra"], saved["W_s"]
+            if not keep_states:  # the backward reruns the state pass from the solve's U_v
+                values = saved["U_v"]
     else:
         o, final = _torch_forward(q, k, w, v, g, beta, initial_state, erase_gate, cu_seqlens, erase, scale,
                                   output_final_state, chunk_size)  # fmt: skip
@@ -153,11 +156,12 @@ def _(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase_gate, era
     if output_final_state:
         state_dtype = compute_dtype(q.dtype) if backend == "torch" else torch.float32
         final = q.new_empty((batch if sequences is None else sequences, heads, key_dim, value_dim), dtype=state_dtype)
-    if keep_states and backend == "triton":
+    if backend == "triton":
         from linrnn.kernels.triton.chunk import state_rows
 
-        states = q.new_empty((state_rows(batch, steps, sequences), heads, key_dim, value_dim))
-        if erase:
+        if keep_states:
+            states = q.new_empty((state_rows(batch, steps, sequences), heads, key_dim, value_dim))
+        if erase and (keep_states or keep_intra):
             values = v.new_empty((batch * steps, heads, value_dim))
         if keep_intra:
             from linrnn.kernels.triton.chunk import fused_path, intra_bytes, intra_names
@@ -203,7 +207,9 @@ def _chunk_backward(
         from linrnn.kernels.triton.chunk import chunk_backward, chunk_forward, value_rows
 
         args = [value_rows(x) if x is v else _contiguous(x) for x in (folded_q, k, folded_w, v, g, beta, initial_state)]
-        kept = dict(states=_present(states), U=_present(values), intra=_present(intra), W_s=_present(write_keys))
+        states = _present(states)
+        kept = dict(states=states, intra=_present(intra), W_s=_present(write_keys))
+        kept["U" if states is not None else "U_v"] = _present(values)
         read = read_vector(k, erase_gate)
         _, _, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                     output_final_state=False, cu_seqlens=cu_seqlens, fp32_accurate=fp32_accurate,
@@ -323,7 +329,8 @@ def chunk_recurrence(q, w, v, e, g, beta, *, scale, initial_state=None, output_f
     inputs = (q, w, v, e, g, beta, initial_state, log_gamma, erase_gate)
     records = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
     keep_states = KEEP_STATES and records and backend == "triton"
-    keep_intra = keep_states and (KEEP_INTRA == "always" or KEEP_INTRA == "decoupled" and write_key is not None)
+    keep_intra = (records and backend == "triton"
+                  and (KEEP_INTRA == "always" or KEEP_INTRA == "decoupled" and write_key is not None))  # fmt: skip
     run = chunk_forward_op if torch.compiler.is_compiling() else _EagerChunk.apply  # the same op, one traced
     o, final, *_ = run(q, erase_direction, write_key, v, g, beta, initial_state, cu_seqlens, log_gamma, erase_gate,
                        e is not None, float(scale), output_final_state, fp32_accurate, backend, chunk_size or 0,

@@ -139,7 +139,8 @@ def test_varlen_index_built_once_per_boundaries(monkeypatch):
 @pytest.mark.parametrize(("cell", "varlen"), [("gla", False), ("gated_deltanet", True), ("gammanet", True)])
 def test_kept_states_equal_recomputed(cell, varlen, monkeypatch):
     """The backward from the forward's kept chunk states (``library.KEEP_STATES``, what autograd uses), with and
-    without its kept intra-chunk matrices (``library.KEEP_INTRA``), equals the one that reruns the state pass: the
+    without its kept intra-chunk matrices (``library.KEEP_INTRA``), equals the ones that rerun the state pass (from
+    the kept intra-chunk matrices, W_s and U_v: the forward's state pass then stores no states; or everything): the
     same kernels on the same inputs, so bit for bit. No erase (no kept values), tied erase, decoupled erase; varlen
     states have more rows than chunks (the bound from shapes)."""
     from linrnn.kernels import library
@@ -149,7 +150,7 @@ def test_kept_states_equal_recomputed(cell, varlen, monkeypatch):
                          seed=5)  # fmt: skip
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=DEVICE) if varlen else None
     runs = []
-    for keep_states, keep_intra in ((True, "always"), (True, "never"), (False, "always")):
+    for keep_states, keep_intra in ((True, "always"), (True, "never"), (False, "always"), (False, "never")):
         monkeypatch.setattr(library, "KEEP_STATES", keep_states)
         monkeypatch.setattr(library, "KEEP_INTRA", keep_intra)
         runs.append(forward_backward(cell, to_kernel(inputs, torch.float32), backend="triton", cu_seqlens=cu_seqlens))
