@@ -157,20 +157,18 @@ def _(q, k, w, v, g, beta, initial_state, cu_seqlens, log_gamma, erase_gate, era
         state_dtype = compute_dtype(q.dtype) if backend == "torch" else torch.float32
         final = q.new_empty((batch if sequences is None else sequences, heads, key_dim, value_dim), dtype=state_dtype)
     if backend == "triton":
-        from linrnn.kernels.triton.chunk import state_rows
+        from linrnn.kernels.triton.chunk import fused_path, intra_bytes, intra_names, state_rows
 
+        # the fused path's forward forms neither W_s nor U_v (its state pass works from T)
+        fused = fused_path(erase, w is not None, erase_gate is not None, g is not None and g.dim() == 4, key_dim)
         if keep_states:
             states = q.new_empty((state_rows(batch, steps, sequences), heads, key_dim, value_dim))
-        if erase and (keep_states or keep_intra):
+        if erase and (keep_states or keep_intra and not fused):
             values = v.new_empty((batch * steps, heads, value_dim))
         if keep_intra:
-            from linrnn.kernels.triton.chunk import fused_path, intra_bytes, intra_names
-
-            per_channel = g is not None and g.dim() == 4
-            fused = fused_path(erase, w is not None, erase_gate is not None, per_channel, key_dim)
             names = intra_names(erase, w is not None, fused)
             intra = q.new_empty((intra_bytes(names, q.dtype, batch * steps, heads),), dtype=torch.uint8)
-            if erase:
+            if erase and not fused:
                 write_keys = q.new_empty((batch * steps, heads, key_dim))
     return o, final, states, values, intra, write_keys
 

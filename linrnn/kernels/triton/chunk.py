@@ -224,10 +224,10 @@ def chunk_forward(
 
     kept = kept or {}
     intra_kept, states_kept = kept.get("intra") is not None, kept.get("states") is not None
-    if intra_kept and erase and not states_kept and kept.get("U_v") is None:
-        raise ValueError("chunk_forward: kept intra-chunk matrices need the kept states or the solve's U_v too")
     per_channel = layout.decay == DECAY_CHANNEL.value
     fused = fused_path(erase, decoupled, read is not None, per_channel, K)
+    if intra_kept and erase and not fused and not states_kept and kept.get("U_v") is None:
+        raise ValueError("chunk_forward: kept intra-chunk matrices need the kept states or the solve's U_v too")
     names = intra_names(erase, decoupled, fused)
     size = intra_bytes(names, dtype, TT, H)
     intra = kept["intra"] if intra_kept else torch.empty(size, dtype=torch.uint8, device=device)
@@ -247,20 +247,24 @@ def chunk_forward(
             num_warps=layout.warps(intra_warps), num_stages=layout.stages_of(intra_warps),
         )  # fmt: skip
 
+    # On the fused path the state pass forms U from T (FROM_T): W_s only for the backward's state pass (the
+    # recomputation, need_output=False), U_v never. Elsewhere the state pass reads both.
     W_s = U = U_v = None
     if erase and intra_kept:
-        W_s, U_v = kept["W_s"], kept.get("U_v")
-    elif erase:
-        W_s = torch.empty(TT, H, K, dtype=dtype, device=device)
+        W_s, U_v = kept.get("W_s"), kept.get("U_v")
+    need_w = erase and W_s is None and (not fused or not need_output)
+    need_u = erase and not fused and not states_kept and U_v is None
+    if erase and (not intra_kept or need_w or need_u):
+        W_s = torch.empty(TT, H, K, dtype=dtype, device=device) if need_w else W_s
         # in the inputs' dtype, as FLA keeps its u: half the fp32 traffic between the solve and the state pass
-        U_v = None if states_kept else torch.empty(TT, H, V, dtype=dtype, device=device)
+        U_v = torch.empty(TT, H, V, dtype=dtype, device=device) if need_u else U_v
         chunk_solve_wu_kernel[(NT, H)](  # W_s from the read vector
             k if read is None else read, v, beta, G, A_kk, A_kw, T, W_s, U_v, **common, v_stride=v_stride, H=H, K=K,
             V=V, BT=CHUNK,
             BC=SUB_CHUNK,
             BK=_block(K, SOLVE_WU_BLOCK), BV=_block(V, SOLVE_WU_BLOCK), DECAY=layout.decay, HAS_BETA=has_beta,
-            DECOUPLED=decoupled, STORE_VALUES=not states_kept, FORM_KK=fused, BKK=_block(K, SOLVE_KK_BLOCK),
-            PREC=layout.precision,
+            DECOUPLED=decoupled, LOAD_T=intra_kept, STORE_W=need_w, STORE_VALUES=need_u,
+            FORM_KK=fused and not intra_kept, BKK=_block(K, SOLVE_KK_BLOCK), PREC=layout.precision,
             num_warps=layout.warps("solve_wu"), num_stages=layout.stages_of("solve_wu"),
         )  # fmt: skip
 
@@ -279,11 +283,11 @@ def chunk_forward(
         block_v = _state_block_v(layout)
         kernel = "state_output" if fuse_output else "state_fwd"
         chunk_state_fwd_kernel[(cdiv(V, block_v), layout.sequences * H)](
-            q, k, w, v, beta, G, W_s, U_v, U, states, A_qk, A_qw, o, initial_state, final, layout.cu_seqlens,
+            q, k, w, v, beta, G, T, W_s, U_v, U, states, A_qk, A_qw, o, initial_state, final, layout.cu_seqlens,
             layout.chunk_offsets, v_stride=v_stride, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k,
             BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta, DECOUPLED=decoupled,
             USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=output_final_state, STORE_STATES=store,
-            OUTPUT=fuse_output, FORM_QK=form_qk and not intra_kept, PREC=layout.precision,
+            OUTPUT=fuse_output, FORM_QK=form_qk and not intra_kept, FROM_T=fused, PREC=layout.precision,
             num_warps=layout.warps(kernel), num_stages=layout.state_stages,
         )  # fmt: skip
 

@@ -399,13 +399,14 @@ def _store_block_kk(k, G, out, bos, length, h, r0, valid, stride, H: tl.constexp
 def chunk_solve_wu_kernel(
     k, v, beta, G, A_kk, A_kw, T, W_s, U_v, cu_seqlens, chunk_index, v_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, STORE_VALUES: tl.constexpr,
-    FORM_KK: tl.constexpr, BKK: tl.constexpr, PREC: tl.constexpr,
+    BV: tl.constexpr, DECAY: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr, LOAD_T: tl.constexpr,
+    STORE_W: tl.constexpr, STORE_VALUES: tl.constexpr, FORM_KK: tl.constexpr, BKK: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """``T = (I + Diag(β) A_kk)⁻¹`` ``[TT, H, 64]`` fp32, then from its blocks in registers
     ``W_s = T Diag(β) (K ⊙ Γ)`` ``[TT, H, K]`` (k: the erase direction) and ``U_v = T Diag(β) V`` ``[TT, H, V]``,
     both in the inputs' dtype; decoupled, ``U_v = T P V`` with ``P = −Diag(β) A_kw Diag(β)``. U_v feeds only the
-    state pass: ``STORE_VALUES=False`` (the backward with the forward's states kept) skips it.
+    state pass: ``STORE_VALUES=False`` skips it, ``STORE_W=False`` W_s. ``LOAD_T``: T is given (an earlier
+    forward's), its blocks are loaded instead of solved for, and only W_s and U_v are formed.
 
     ``FORM_KK`` (no or per-head decay, tied erase): A_kk is formed here from k, by ``BKK`` key columns at a time
     (``A_kk`` unused, nothing of it kept), and staged in the chunk's own rows of T, which the blocks and the
@@ -421,16 +422,61 @@ def chunk_solve_wu_kernel(
     t_base = T + (bos * H + h) * BT
     stride = H * BT
     r0 = c * BT
+    b0 = _beta(beta, bos, h, r0, valid, H, BC, HAS_BETA)
+    b1 = _beta(beta, bos, h, r0 + 16, valid - 16, H, BC, HAS_BETA)
+    b2 = _beta(beta, bos, h, r0 + 32, valid - 32, H, BC, HAS_BETA)
+    b3 = _beta(beta, bos, h, r0 + 48, valid - 48, H, BC, HAS_BETA)
+    if LOAD_T:
+        t00 = _load_block(t_base, length, r0, 0, stride, BC)
+        t10 = _load_block(t_base, length, r0 + 16, 0, stride, BC)
+        t11 = _load_block(t_base, length, r0 + 16, 16, stride, BC)
+        t20 = _load_block(t_base, length, r0 + 32, 0, stride, BC)
+        t21 = _load_block(t_base, length, r0 + 32, 16, stride, BC)
+        t22 = _load_block(t_base, length, r0 + 32, 32, stride, BC)
+        t30 = _load_block(t_base, length, r0 + 48, 0, stride, BC)
+        t31 = _load_block(t_base, length, r0 + 48, 16, stride, BC)
+        t32 = _load_block(t_base, length, r0 + 48, 32, stride, BC)
+        t33 = _load_block(t_base, length, r0 + 48, 48, stride, BC)
+    else:
+        t00, t10, t11, t20, t21, t22, t30, t31, t32, t33 = _solve_blocks(
+            k, beta, G, A_kk, t_base, bos, length, h, r0, valid, stride, b1, b2, b3, H, K, BT, BC, DECAY, HAS_BETA,
+            FORM_KK, BKK, PREC,
+        )  # fmt: skip
+
+    if STORE_W:
+        for kb in range(0, tl.cdiv(K, BK)):
+            _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, k, H * K, G, W_s, bos, length, h,
+                                  r0, valid, kb * BK, b0, b1, b2, b3, H, K, BC, BK, DECAY, PREC)  # fmt: skip
+    if DECOUPLED:
+        b_all = _beta(beta, bos, h, r0, valid, H, BT, HAS_BETA)
+    if STORE_VALUES:  # a constexpr branch: with U_v None the loop must not be compiled at all
+        for vb in range(0, tl.cdiv(V, BV)):
+            if DECOUPLED:  # row blocks of P V = −Diag(β) A_kw (βV)
+                bv = load_row_tile(v, v_stride, bos, length, h, r0, vb * BV, V, BT, BV)
+                bv = bv.to(tl.float32) * b_all[:, None]
+                x0 = _pv_rows(A_kw, bv, bos, length, h, r0, b0, H, BT, BC, PREC)
+                x1 = _pv_rows(A_kw, bv, bos, length, h, r0 + 16, b1, H, BT, BC, PREC)
+                x2 = _pv_rows(A_kw, bv, bos, length, h, r0 + 32, b2, H, BT, BC, PREC)
+                x3 = _pv_rows(A_kw, bv, bos, length, h, r0 + 48, b3, H, BT, BC, PREC)
+                y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
+                _store_rows(U_v, y0, y1, y2, y3, bos, length, h, r0, vb * BV, H, V, BC, BV)
+            else:
+                _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, v, v_stride, G, U_v, bos,
+                                      length, h, r0, valid, vb * BV, b0, b1, b2, b3, H, V, BC, BV, DECAY_NONE,
+                                      PREC)  # fmt: skip
+
+
+@triton.jit
+def _solve_blocks(k, beta, G, A_kk, t_base, bos, length, h, r0, valid, stride, b1, b2, b3, H: tl.constexpr,
+                  K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DECAY: tl.constexpr, HAS_BETA: tl.constexpr,
+                  FORM_KK: tl.constexpr, BKK: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """The solve kernel's T: its ten nonzero 16 × 16 blocks, returned and stored at ``t_base``."""
     if FORM_KK:  # A_kk formed here and staged in this chunk's rows of T, then read back by blocks as from A_kk
         a_base = t_base
         _store_block_kk(k, G, t_base, bos, length, h, r0, valid, stride, H, K, BT, BKK, DECAY, PREC)
         tl.debug_barrier()  # the staged A_kk visible to every thread of the program
     else:
         a_base = A_kk + (bos * H + h) * BT
-    b0 = _beta(beta, bos, h, r0, valid, H, BC, HAS_BETA)
-    b1 = _beta(beta, bos, h, r0 + 16, valid - 16, H, BC, HAS_BETA)
-    b2 = _beta(beta, bos, h, r0 + 32, valid - 32, H, BC, HAS_BETA)
-    b3 = _beta(beta, bos, h, r0 + 48, valid - 48, H, BC, HAS_BETA)
     l10 = b1[:, None] * _load_block(a_base, length, r0 + 16, 0, stride, BC)
     l20 = b2[:, None] * _load_block(a_base, length, r0 + 32, 0, stride, BC)
     l21 = b2[:, None] * _load_block(a_base, length, r0 + 32, 16, stride, BC)
@@ -469,27 +515,7 @@ def chunk_solve_wu_kernel(
     _store_block(t_base, t31, length, r0 + 48, 16, stride, BC)
     _store_block(t_base, t32, length, r0 + 48, 32, stride, BC)
     _store_block(t_base, t33, length, r0 + 48, 48, stride, BC)
-
-    for kb in range(0, tl.cdiv(K, BK)):
-        _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, k, H * K, G, W_s, bos, length, h, r0,
-                              valid, kb * BK, b0, b1, b2, b3, H, K, BC, BK, DECAY, PREC)  # fmt: skip
-    if DECOUPLED:
-        b_all = _beta(beta, bos, h, r0, valid, H, BT, HAS_BETA)
-    if STORE_VALUES:  # a constexpr branch: with U_v None the loop must not be compiled at all
-        for vb in range(0, tl.cdiv(V, BV)):
-            if DECOUPLED:  # row blocks of P V = −Diag(β) A_kw (βV)
-                bv = load_row_tile(v, v_stride, bos, length, h, r0, vb * BV, V, BT, BV)
-                bv = bv.to(tl.float32) * b_all[:, None]
-                x0 = _pv_rows(A_kw, bv, bos, length, h, r0, b0, H, BT, BC, PREC)
-                x1 = _pv_rows(A_kw, bv, bos, length, h, r0 + 16, b1, H, BT, BC, PREC)
-                x2 = _pv_rows(A_kw, bv, bos, length, h, r0 + 32, b2, H, BT, BC, PREC)
-                x3 = _pv_rows(A_kw, bv, bos, length, h, r0 + 48, b3, H, BT, BC, PREC)
-                y0, y1, y2, y3 = _lower_times(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, x0, x1, x2, x3, PREC)
-                _store_rows(U_v, y0, y1, y2, y3, bos, length, h, r0, vb * BV, H, V, BC, BV)
-            else:
-                _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, v, v_stride, G, U_v, bos,
-                                      length, h, r0, valid, vb * BV, b0, b1, b2, b3, H, V, BC, BV, DECAY_NONE,
-                                      PREC)  # fmt: skip
+    return t00, t10, t11, t20, t21, t22, t30, t31, t32, t33
 
 
 @triton.jit
@@ -514,12 +540,12 @@ def state_program(cu_seqlens, chunk_offsets, H: tl.constexpr, K: tl.constexpr, V
 @cached_launch
 @triton.jit
 def chunk_state_fwd_kernel(
-    q, k, w, v, beta, G, W_s, U_v, U, states, A_qk, A_qw, o, initial_state, final_state, cu_seqlens, chunk_offsets,
-    v_stride, scale,
+    q, k, w, v, beta, G, T, W_s, U_v, U, states, A_qk, A_qw, o, initial_state, final_state, cu_seqlens,
+    chunk_offsets, v_stride, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, STORE_STATES: tl.constexpr,
-    OUTPUT: tl.constexpr, FORM_QK: tl.constexpr, PREC: tl.constexpr,
+    OUTPUT: tl.constexpr, FORM_QK: tl.constexpr, FROM_T: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Sequential over one sequence's chunks for one head and BV value columns; the ``[K, BV]`` state stays in
     registers. With ``STORE_STATES`` stores each chunk's start state (``states`` ``[NT, H, K, V]``) and, with erase,
@@ -527,7 +553,11 @@ def chunk_state_fwd_kernel(
 
     ``OUTPUT``: also the chunk's output ``O = (scale Q ⊙ Γ) S + A_qk U [+ A_qw Diag(β) V]`` from the state in
     registers (the output kernel's math without reading the states and U back); ``FORM_QK`` (no or per-head decay)
-    forms A_qk from Q Kᵀ, and the first value block's programs store it for the backward; else A_qk is read."""
+    forms A_qk from Q Kᵀ, and the first value block's programs store it for the backward; else A_qk is read.
+
+    ``FROM_T`` (a tied erase along k with no or per-head decay): ``U = T Diag(β) (V − Diag(Γ) K S)`` from T, k and
+    v, the same U as ``U_v − W_s S`` without W_s and U_v formed, stored and read back (one ``[BT, K] × [K, BV]``
+    product, K S, where W_s S was one, and ``[BT, BT] × [BT, BV]`` with T)."""
     vb, h, bos, length, first, sequence_state, state_offsets, state_mask = state_program(
         cu_seqlens, chunk_offsets, H, K, V, BK, BV
     )
@@ -541,20 +571,29 @@ def chunk_state_fwd_kernel(
         state_in = state.to(dtype)  # [BK, BV]: the operand of this chunk's products with S
         if STORE_STATES:
             tl.store(states + ((first + c) * H + h) * K * V + state_offsets, state_in, mask=state_mask)
+        k_in = load_head_tile(k, bos, length, h, c * BT, 0, H, K, BT, BK)
+        if DECAY != DECAY_NONE:
+            g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
         if ERASE:
-            w_t = load_head_tile(W_s, bos, length, h, c * BT, 0, H, K, BT, BK)
-            u_t = load_head_tile(U_v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
-            u_t = u_t.to(tl.float32) - tl.dot(w_t, state_in, input_precision=PREC)
+            if FROM_T:
+                x_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
+                k_s = tl.dot(k_in, state_in, input_precision=PREC)
+                if DECAY == DECAY_HEAD:
+                    k_s *= tl.exp(g_t)
+                x_t = (x_t - k_s) * _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
+                t_t = load_head_tile(T, bos, length, h, c * BT, 0, H, BT, BT, BT)
+                u_t = tl.dot(t_t, x_t, input_precision=PREC)
+            else:
+                w_t = load_head_tile(W_s, bos, length, h, c * BT, 0, H, K, BT, BK)
+                u_t = load_head_tile(U_v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+                u_t = u_t.to(tl.float32) - tl.dot(w_t, state_in, input_precision=PREC)
             if STORE_STATES:
                 store_head_tile(U, u_t.to(U.dtype.element_ty), bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         else:
             u_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
             if HAS_BETA:
                 u_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
-        k_in = load_head_tile(k, bos, length, h, c * BT, 0, H, K, BT, BK)
         k_t = k_in.to(tl.float32)
-        if DECAY != DECAY_NONE:
-            g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
         if OUTPUT:
             q_in = load_head_tile(q, bos, length, h, c * BT, 0, H, K, BT, BK)
             if DECAY == DECAY_CHANNEL:  # (Q ⊙ Γ) channel by channel before the product
