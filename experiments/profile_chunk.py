@@ -22,8 +22,8 @@ benchmarks/test_chunk_gpu.py). Inputs: bf16 q, k, v, a; fp32 gates.
 ``state_stages=n`` and ``stages=n`` (``chunk.STAGES_16BIT`` up to K = 128), ``stages_<kernel>=n``
 (``chunk.KERNEL_STAGES_16BIT``, kernels named as in ``chunk.WARPS``), ``solve_wu_block=n``
 (``chunk.SOLVE_WU_BLOCK``), ``solve_kk_block=n`` (``chunk.SOLVE_KK_BLOCK``), ``local_first=1``
-(``chunk.STATE_BWD_LOCAL_FIRST``), ``cached_launch=0`` (``launch.ENABLED``), ``fuse_output_k=n``
-(``chunk.FUSE_OUTPUT_MAX_K``; 0: the output kernel), ``keep_states=0`` (``library.KEEP_STATES``);
+(``chunk.STATE_BWD_LOCAL_FIRST``), ``cached_launch=0`` (``launch.ENABLED``), ``keep_states=0``
+(``library.KEEP_STATES``);
 "" is the defaults.
 """
 
@@ -171,12 +171,10 @@ def show_timeline(label, run):
 
 # the launch settings a variant may change, restored before each variant (an older tree may lack some)
 SETTINGS = ("WARPS", "STATE_BLOCK_V", "STATE_MIN_PROGRAMS", "FUSED_MAX_K", "FUSED_BLOCK_V", "STAGES_16BIT",
-            "KERNEL_STAGES_16BIT", "SOLVE_WU_BLOCK", "SOLVE_KK_BLOCK", "STATE_BWD_LOCAL_FIRST",
-            "FUSE_OUTPUT_MAX_K")  # fmt: skip
+            "KERNEL_STAGES_16BIT", "SOLVE_WU_BLOCK", "SOLVE_KK_BLOCK", "STATE_BWD_LOCAL_FIRST")  # fmt: skip
 # variant keys that set one integer setting
 INT_SETTINGS = dict(programs="STATE_MIN_PROGRAMS", fused_k="FUSED_MAX_K", fused_bv="FUSED_BLOCK_V",
-                    solve_wu_block="SOLVE_WU_BLOCK", solve_kk_block="SOLVE_KK_BLOCK",
-                    fuse_output_k="FUSE_OUTPUT_MAX_K")  # fmt: skip
+                    solve_wu_block="SOLVE_WU_BLOCK", solve_kk_block="SOLVE_KK_BLOCK")  # fmt: skip
 
 
 def launch_settings():

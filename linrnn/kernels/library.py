@@ -23,9 +23,11 @@ time grows with the sequence length rather than the batch (at 1×16384 with 6 he
 chunks); the parallel launches (decay cumsums, intra-chunk matrices, the block solve) rerun in the backward, and
 the output kernel too where it forms ``A_qk`` (per-head decay, and DeltaNet's ``triton.chunk.fused_path``). With
 ``keep_intra`` as well (``KEEP_INTRA``) the forward also returns its intra-chunk matrices ``[B·T, H, 64]`` one after
-the other in a byte buffer (fp32, A_qk in the inputs' dtype; ``triton.chunk.intra_views``) and, with erase, the
-scaled erase keys ``W_s`` ``[B·T, H, K]``, and the backward reruns only the decay cumsums. The torch backward
-reruns the chunked forward under ``torch.func.vjp``.
+the other in a byte buffer (fp32, A_qk in the inputs' dtype; ``triton.chunk.intra_views``) and, with erase off the
+fused path (``triton.chunk.fused_path``), the scaled erase keys ``W_s`` ``[B·T, H, K]``, and the backward reruns
+only the decay cumsums (on the fused path, whose forward forms no W_s, also W_s from the kept T). ``keep_intra``
+without ``keep_states`` keeps those and, off the fused path, the solve's ``U_v`` (in the values' place): the
+backward reruns only the state pass. The torch backward reruns the chunked forward under ``torch.func.vjp``.
 
 GammaNet (``log_gamma``): the ops run the kernels on ``Γq`` and ``Γ⁻¹w`` in the inputs' dtype (bf16 under autocast)
 and the backward goes back through the fold from the kernels' fp32 gradients of those two (inside the last
@@ -52,8 +54,9 @@ _NOTHING = (0,)  # shape of the stand-in for an absent tensor
 # the Triton forward keeps its chunk states and corrected values for the backward when autograd records (module
 # docstring); False reruns the state pass in the backward instead (less activation memory, one more sequential pass)
 KEEP_STATES = True
-# with the kept states, also keep the intra-chunk matrices and W_s for the backward: "never", "decoupled" (only with
-# a decoupled write key) or "always": ~100 MB a layer at the 340M GDN's 16k tokens, a ~3% faster step (H100)
+# also keep the intra-chunk matrices (and off the fused path W_s, and U_v where the states are not kept) for the
+# backward: "never", "decoupled" (only with a decoupled write key) or "always": ~100 MB a layer at the 340M GDN's 16k
+# tokens, a ~3% faster step (H100)
 KEEP_INTRA = "always"
 
 
@@ -99,8 +102,7 @@ def _chunk_forward(
         args = [value_rows(x) if x is v else _contiguous(x) for x in (q, k, w, v, g, beta, initial_state)]
         o, final, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                        fp32_accurate=fp32_accurate, read=read_vector(k, erase_gate),
-                                        store_states=keep_states)  # fmt: skip
+                                        fp32_accurate=fp32_accurate, read=read_vector(k, erase_gate))  # fmt: skip
         if keep_states:
             states, values = saved["states"], saved["U"]
         if keep_intra:

@@ -58,12 +58,9 @@ STATE_MIN_PROGRAMS = 64
 # warps tied (KDA), 330 -> 372 decoupled. The output kernel with 8 (GDN, H200): 292 -> 274 µs at 8×4096 H = 16,
 # 103 -> 97 at the 340M shapes (on an H100 the earlier kernel, storing A_qk in fp32, went 362 -> 445 at 8×4096 and
 # 118 -> 113 at the 340M shapes with 8: not yet retimed there)
-WARPS = dict(intra=4, intra_head=8, intra_channel=2, solve_wu=1, solve_wu_decoupled=2, state_fwd=4, state_output=4,
-             output=8, state_bwd=8, main=4, main_decoupled=8, local=8, bwd_intra=4, bwd_intra_channel=2, fused=8,
+WARPS = dict(intra=4, intra_head=8, intra_channel=2, solve_wu=1, solve_wu_decoupled=2, state_fwd=4, output=8,
+             state_bwd=8, main=4, main_decoupled=8, local=8, bwd_intra=4, bwd_intra_channel=2, fused=8,
              local_du=4)  # fmt: skip
-# the forward state pass forms the output too (its states and U are not read back by an output kernel), up to this
-# K; 0: never
-FUSE_OUTPUT_MAX_K = 128
 # value columns per output-kernel program (each program reads the chunk's q, and k for A_qk, whole)
 OUTPUT_BLOCK_V = 128
 # tied erase with no or per-head decay (DeltaNet, GDN): one backward kernel after the state pass, up to this K
@@ -193,7 +190,7 @@ def state_rows(batch: int, steps: int, sequences: int | None) -> int:
 
 def chunk_forward(
     q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens, fp32_accurate=True,
-    need_output=True, kept=None, read=None, store_states=True,
+    need_output=True, kept=None, read=None,
 ):  # fmt: skip
     """Forward launches. ``k``: the erase direction (the write key when tied or without erase); ``w``: the write
     key when decoupled (w ≠ k), else None; ``read``: the vector the erase reads the state along (``b ⊙ k``, Gated
@@ -202,10 +199,10 @@ def chunk_forward(
     (then ``o`` is None): with per-head decay it also forms ``A_qk``, so there it runs. ``kept``: a dict with
     ``states`` and ``U`` of an earlier forward on the same inputs (``saved["states"]``, ``saved["U"]``), which
     skips the sequential state pass (then no final state), and ``intra`` and ``W_s`` (``saved["intra"]``,
-    ``saved["W_s"]``), which skip the intra-chunk and solve kernels; with erase, kept intra-chunk matrices without
-    kept states need the solve's ``U_v`` (``saved["U_v"]``) too. ``store_states=False``: the chunk states and U are
-    not stored where the state pass forms the output itself (``FUSE_OUTPUT_MAX_K``; ``saved["states"]`` is None
-    then), for a backward that reruns the state pass from ``saved["U_v"]``."""
+    ``saved["W_s"]``), which skip the intra-chunk and solve kernels; with erase off the fused path, kept intra-chunk
+    matrices without kept states need the solve's ``U_v`` (``saved["U_v"]``) too. On the fused path (``fused_path``)
+    the forward forms no W_s and no U_v (None in ``saved``); ``need_output=False`` forms W_s, from the kept T if
+    there is one, for the backward state pass."""
     layout = _Layout(q, v, g, cu_seqlens, fp32_accurate, decoupled=w is not None)
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
@@ -269,29 +266,24 @@ def chunk_forward(
         )  # fmt: skip
 
     final = new_output((layout.sequences, H, K, V), torch.float32, device) if output_final_state else None
-    needs_output = need_output or form_qk and not intra_kept  # the output kernel forms A_qk where nothing else does
-    fuse_output = needs_output and not states_kept and K <= FUSE_OUTPUT_MAX_K
-    o = new_output(v.shape, v.dtype, device) if fuse_output else None
     if states_kept:
         if output_final_state:
             raise ValueError("chunk_forward: kept states give no final state; pass output_final_state=False")
         states, U = kept["states"], kept["U"]
     else:
-        store = store_states or not fuse_output  # the output kernel reads them
-        states = torch.empty(layout.state_rows, H, K, V, dtype=dtype, device=device) if store else None
-        U = torch.empty(TT, H, V, dtype=dtype, device=device) if erase and store else None
+        states = torch.empty(layout.state_rows, H, K, V, dtype=dtype, device=device)
+        U = torch.empty(TT, H, V, dtype=dtype, device=device) if erase else None
         block_v = _state_block_v(layout)
-        kernel = "state_output" if fuse_output else "state_fwd"
         chunk_state_fwd_kernel[(cdiv(V, block_v), layout.sequences * H)](
-            q, k, w, v, beta, G, T, W_s, U_v, U, states, A_qk, A_qw, o, initial_state, final, layout.cu_seqlens,
-            layout.chunk_offsets, v_stride=v_stride, scale=scale, H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k,
-            BV=block_v, DECAY=layout.decay, ERASE=erase, HAS_BETA=has_beta, DECOUPLED=decoupled,
-            USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=output_final_state, STORE_STATES=store,
-            OUTPUT=fuse_output, FORM_QK=form_qk and not intra_kept, FROM_T=fused, PREC=layout.precision,
-            num_warps=layout.warps(kernel), num_stages=layout.state_stages,
+            k, w, v, beta, G, T, W_s, U_v, U, states, initial_state, final, layout.cu_seqlens, layout.chunk_offsets,
+            v_stride=v_stride, H=H, K=K, V=V, BT=CHUNK, BK=layout.block_k, BV=block_v, DECAY=layout.decay, ERASE=erase,
+            HAS_BETA=has_beta, DECOUPLED=decoupled, USE_INITIAL_STATE=initial_state is not None,
+            STORE_FINAL_STATE=output_final_state, FROM_T=fused, PREC=layout.precision,
+            num_warps=layout.warps("state_fwd"), num_stages=layout.state_stages,
         )  # fmt: skip
 
-    if needs_output and not fuse_output:
+    o = None
+    if need_output or form_qk and not intra_kept:
         o = new_output(v.shape, v.dtype, device)
         block_v = _block(V, OUTPUT_BLOCK_V)
         chunk_output_kernel[(cdiv(V, block_v), NT, H)](

@@ -16,7 +16,8 @@ W_s (``T = (I + Diag(β) A_rk)⁻¹``, ``W_s = T Diag(β) (R ⊙ Γ)``); k stays
 Kernels, in launch order: ``cumsum`` (G, fp32), ``intra`` (A_kk; without per-head decay also A_qk),
 ``solve_wu`` (T, then W_s and U_v from T's blocks in registers), ``state`` (sequential over chunks: S per
 chunk and U), ``output``. A tied erase with no or per-head decay (``chunk.fused_path``) runs no ``intra``: the
-solve forms A_kk and the output kernel A_qk.
+solve forms A_kk and T only, the state pass U from T (``U = T Diag(β) (V − Diag(Γ) K S)``: no W_s, no U_v), the
+output kernel A_qk.
 
 Decay ratios never overflow: per-head decay masks the exponent ``G_r − G_i`` to
 ``i ≤ r`` before ``exp``. Per-channel decay computes each 16 × 16 block of A on its
@@ -540,37 +541,29 @@ def state_program(cu_seqlens, chunk_offsets, H: tl.constexpr, K: tl.constexpr, V
 @cached_launch
 @triton.jit
 def chunk_state_fwd_kernel(
-    q, k, w, v, beta, G, T, W_s, U_v, U, states, A_qk, A_qw, o, initial_state, final_state, cu_seqlens,
-    chunk_offsets, v_stride, scale,
+    k, w, v, beta, G, T, W_s, U_v, U, states, initial_state, final_state, cu_seqlens, chunk_offsets, v_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DECAY: tl.constexpr, ERASE: tl.constexpr, HAS_BETA: tl.constexpr, DECOUPLED: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, STORE_STATES: tl.constexpr,
-    OUTPUT: tl.constexpr, FORM_QK: tl.constexpr, FROM_T: tl.constexpr, PREC: tl.constexpr,
+    USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr, FROM_T: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Sequential over one sequence's chunks for one head and BV value columns; the ``[K, BV]`` state stays in
-    registers. With ``STORE_STATES`` stores each chunk's start state (``states`` ``[NT, H, K, V]``) and, with erase,
-    ``U = U_v − W_s S``. Decoupled, the write ``(W ⊙ Γ_C/Γ)ᵀ Diag(β) V`` enters the state on its own.
-
-    ``OUTPUT``: also the chunk's output ``O = (scale Q ⊙ Γ) S + A_qk U [+ A_qw Diag(β) V]`` from the state in
-    registers (the output kernel's math without reading the states and U back); ``FORM_QK`` (no or per-head decay)
-    forms A_qk from Q Kᵀ, and the first value block's programs store it for the backward; else A_qk is read.
+    registers. Stores each chunk's start state (``states`` ``[NT, H, K, V]``) and, with erase, ``U = U_v − W_s S``.
+    Decoupled, the write ``(W ⊙ Γ_C/Γ)ᵀ Diag(β) V`` enters the state on its own.
 
     ``FROM_T`` (a tied erase along k with no or per-head decay): ``U = T Diag(β) (V − Diag(Γ) K S)`` from T, k and
-    v, the same U as ``U_v − W_s S`` without W_s and U_v formed, stored and read back (one ``[BT, K] × [K, BV]``
-    product, K S, where W_s S was one, and ``[BT, BT] × [BT, BV]`` with T)."""
+    v, the same U without W_s and U_v formed, stored and read back (the product K S where W_s S was, and one
+    ``[BT, BT] × [BT, BV]`` product with T, both in the inputs' dtype)."""
     vb, h, bos, length, first, sequence_state, state_offsets, state_mask = state_program(
         cu_seqlens, chunk_offsets, H, K, V, BK, BV
     )
     state = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
         state += tl.load(initial_state + sequence_state + state_offsets, mask=state_mask, other=0)
-    dtype = k.dtype.element_ty
-    rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
+    dtype = states.dtype.element_ty
     for c in range(0, tl.cdiv(length, BT).to(tl.int32)):
         valid = tl.minimum(BT, length - c * BT)
         state_in = state.to(dtype)  # [BK, BV]: the operand of this chunk's products with S
-        if STORE_STATES:
-            tl.store(states + ((first + c) * H + h) * K * V + state_offsets, state_in, mask=state_mask)
+        tl.store(states + ((first + c) * H + h) * K * V + state_offsets, state_in, mask=state_mask)
         k_in = load_head_tile(k, bos, length, h, c * BT, 0, H, K, BT, BK)
         if DECAY != DECAY_NONE:
             g_t, g_last = load_decay(G, bos, h, c, valid, 0, H, K, BT, BK, DECAY)
@@ -582,36 +575,17 @@ def chunk_state_fwd_kernel(
                     k_s *= tl.exp(g_t)
                 x_t = (x_t - k_s) * _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
                 t_t = load_head_tile(T, bos, length, h, c * BT, 0, H, BT, BT, BT)
-                u_t = tl.dot(t_t, x_t, input_precision=PREC)
+                u_t = tl.dot(t_t.to(dtype), x_t.to(dtype), input_precision=PREC)
             else:
                 w_t = load_head_tile(W_s, bos, length, h, c * BT, 0, H, K, BT, BK)
                 u_t = load_head_tile(U_v, bos, length, h, c * BT, vb * BV, H, V, BT, BV)
                 u_t = u_t.to(tl.float32) - tl.dot(w_t, state_in, input_precision=PREC)
-            if STORE_STATES:
-                store_head_tile(U, u_t.to(U.dtype.element_ty), bos, length, h, c * BT, vb * BV, H, V, BT, BV)
+            store_head_tile(U, u_t.to(U.dtype.element_ty), bos, length, h, c * BT, vb * BV, H, V, BT, BV)
         else:
             u_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
             if HAS_BETA:
                 u_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
         k_t = k_in.to(tl.float32)
-        if OUTPUT:
-            q_in = load_head_tile(q, bos, length, h, c * BT, 0, H, K, BT, BK)
-            if DECAY == DECAY_CHANNEL:  # (Q ⊙ Γ) channel by channel before the product
-                q_in = (q_in.to(tl.float32) * tl.exp(g_t)).to(dtype)
-            out = tl.dot(q_in, state_in, input_precision=PREC)
-            if DECAY == DECAY_HEAD:  # (Q ⊙ Γ) S = Diag(Γ) (Q S)
-                out *= tl.exp(g_t)
-            out *= scale
-            if FORM_QK:
-                qk = tl.dot(q_in, tl.trans(k_in), input_precision=PREC)
-                if DECAY == DECAY_HEAD:
-                    qk *= tl.exp(tl.where(rows >= cols, g_t - tl.trans(g_t), 0.0))  # masked before exp
-                a_t = tl.where(rows >= cols, qk * scale, 0.0).to(dtype)
-                if vb == 0:
-                    store_head_tile(A_qk, a_t, bos, length, h, c * BT, 0, H, BT, BT, BT)
-            else:
-                a_t = load_head_tile(A_qk, bos, length, h, c * BT, 0, H, BT, BT, BT).to(dtype)
-            out += tl.dot(a_t, u_t.to(dtype), input_precision=PREC)
         if DECAY != DECAY_NONE:
             to_chunk_end = tl.exp(g_last[None, :] - g_t)  # Γ_C/Γ
             k_t *= to_chunk_end
@@ -624,11 +598,6 @@ def chunk_state_fwd_kernel(
             x_t = load_row_tile(v, v_stride, bos, length, h, c * BT, vb * BV, V, BT, BV).to(tl.float32)
             x_t *= _beta(beta, bos, h, c * BT, valid, H, BT, HAS_BETA)[:, None]
             state += tl.dot(tl.trans(w_t).to(dtype), x_t.to(dtype), input_precision=PREC)
-            if OUTPUT:
-                a_t = load_head_tile(A_qw, bos, length, h, c * BT, 0, H, BT, BT, BT)
-                out += tl.dot(a_t.to(dtype), x_t.to(dtype), input_precision=PREC)
-        if OUTPUT:
-            store_head_tile(o, out.to(o.dtype.element_ty), bos, length, h, c * BT, vb * BV, H, V, BT, BV)
     if STORE_FINAL_STATE:
         tl.store(final_state + sequence_state + state_offsets, state, mask=state_mask)
 
