@@ -102,7 +102,8 @@ def _chunk_forward(
         args = [value_rows(x) if x is v else _contiguous(x) for x in (q, k, w, v, g, beta, initial_state)]
         o, final, saved = chunk_forward(*args[:6], erase=erase, scale=scale, initial_state=args[6],
                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                        fp32_accurate=fp32_accurate, read=read_vector(k, erase_gate))  # fmt: skip
+                                        fp32_accurate=fp32_accurate, read=read_vector(k, erase_gate),
+                                        keep_u_v=keep_intra and not keep_states)  # fmt: skip
         if keep_states:
             states, values = saved["states"], saved["U"]
         if keep_intra:

@@ -190,7 +190,7 @@ def state_rows(batch: int, steps: int, sequences: int | None) -> int:
 
 def chunk_forward(
     q, k, w, v, g, beta, *, erase, scale, initial_state, output_final_state, cu_seqlens, fp32_accurate=True,
-    need_output=True, kept=None, read=None,
+    need_output=True, kept=None, read=None, keep_u_v=False,
 ):  # fmt: skip
     """Forward launches. ``k``: the erase direction (the write key when tied or without erase); ``w``: the write
     key when decoupled (w ≠ k), else None; ``read``: the vector the erase reads the state along (``b ⊙ k``, Gated
@@ -202,7 +202,8 @@ def chunk_forward(
     ``saved["W_s"]``), which skip the intra-chunk and solve kernels; with erase off the fused path, kept intra-chunk
     matrices without kept states need the solve's ``U_v`` (``saved["U_v"]``) too. On the fused path (``fused_path``)
     the forward forms no W_s and no U_v (None in ``saved``); ``need_output=False`` forms W_s, from the kept T if
-    there is one, for the backward state pass."""
+    there is one, for the backward state pass. ``keep_u_v``: ``saved["U_v"]`` is the solve's U_v (for a backward
+    that reruns the state pass), else None (freed after the state pass, before the output is allocated)."""
     layout = _Layout(q, v, g, cu_seqlens, fp32_accurate, decoupled=w is not None)
     H, K, V, TT, NT = layout.heads, layout.key_dim, layout.value_dim, layout.tokens, layout.num_chunks
     device, dtype = q.device, q.dtype
@@ -281,6 +282,8 @@ def chunk_forward(
             STORE_FINAL_STATE=output_final_state, FROM_T=fused, PREC=layout.precision,
             num_warps=layout.warps("state_fwd"), num_stages=layout.state_stages,
         )  # fmt: skip
+    if not keep_u_v:
+        U_v = None
 
     o = None
     if need_output or form_qk and not intra_kept:
