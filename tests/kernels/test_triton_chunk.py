@@ -165,6 +165,41 @@ def test_kept_states_equal_recomputed(cell, varlen, monkeypatch):
                 assert torch.equal(kept, recomputed)
 
 
+@pytest.mark.parametrize("decay", [False, True], ids=["deltanet", "gated_deltanet"])
+def test_fused_path_write_keys_from_kept_t(decay):
+    """The fused path's forward forms T only (no W_s, no U_v: its state pass works from T); the backward's
+    recomputation forms W_s from the kept T (the solve's ``LOAD_T``), equal bit for bit to W_s formed beside T, and
+    the chunk states and U of the state pass from T equal those through W_s and U_v within fp32 rounding."""
+    inputs = make_inputs("gated_deltanet" if decay else "deltanet", B=1, T=70, H=2, K=16, V=8, seed=3)
+    x = to_kernel(inputs, torch.float32)
+    G = x["g"] if decay else None
+    args = (x["q"], x["k"], None, x["v"], G, x["beta"])
+    options = dict(erase=True, scale=0.25, initial_state=None, output_final_state=False, cu_seqlens=None)
+    _, _, forward = chunk.chunk_forward(*args, **options)
+    assert forward["W_s"] is None and forward["U_v"] is None
+    _, _, direct = chunk.chunk_forward(*args, **options, need_output=False)  # T and W_s in one solve
+    _, _, from_kept = chunk.chunk_forward(*args, **options, need_output=False,
+                                          kept=dict(intra=forward["intra"].clone()))  # fmt: skip
+    assert torch.equal(from_kept["W_s"], direct["W_s"])
+    assert torch.equal(forward["T"], direct["T"])
+    # U through W_s and U_v, as every other cell's state pass forms it
+    T, W_s = direct["T"].double(), direct["W_s"].double()
+    beta, v, k = x["beta"][0].double(), x["v"][0].double(), x["k"][0].double()
+    g = x["g"][0].double() if decay else torch.zeros_like(beta)
+    state = torch.zeros(2, 16, 8, dtype=torch.float64)
+    for c in range(0, 70, 64):
+        rows = slice(c, min(c + 64, 70))
+        n = rows.stop - rows.start
+        G_c = g[rows].cumsum(0)  # [n, H]
+        for h in range(2):
+            t = T[rows, h, :n]
+            u = t @ (beta[rows, h, None] * v[rows, h]) - W_s[rows, h] @ state[h]
+            assert_close(forward["states"][c // 64, h], state[h], 1e-6, "chunk start state")
+            assert_close(forward["U"][rows, h], u, 1e-5, "U")
+            decay_to_end = torch.exp(G_c[-1, h] - G_c[:, h])
+            state[h] = torch.exp(G_c[-1, h]) * state[h] + (k[rows, h] * decay_to_end[:, None]).T @ u
+
+
 @pytest.mark.parametrize(("cell", "mode"), [("gated_deltanet", True), ("gammanet", True), ("gammanet", None)])
 def test_state_bwd_local_first(cell, mode, monkeypatch):
     """``chunk.STATE_BWD_LOCAL_FIRST``: the backward state pass's chunk-local terms from a parallel kernel first
