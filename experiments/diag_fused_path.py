@@ -1,6 +1,6 @@
 """Which kernel of the fused path (DeltaNet, GDN) goes wrong on the GPU: T from the solve against T formed in fp64
-from k and β, then o and the final state against the torch backend, with the output formed in the state pass
-(``chunk.FUSE_OUTPUT_MAX_K``) or by the output kernel. Run on the device::
+from k and β, then o and the final state (the state pass from T and the output kernel) against the torch backend.
+Run on the device::
 
     python3 experiments/diag_fused_path.py
 """
@@ -39,20 +39,17 @@ def main():
     beta = torch.rand(B, T, H, **dev)
     g = F.logsigmoid(torch.randn(B, T, H, **dev) + 3)
     for name, gate in (("deltanet", None), ("gated_deltanet", g)):
-        for fuse in (0, 128):
-            chunk.FUSE_OUTPUT_MAX_K = fuse
-            o, final, saved = chunk.chunk_forward(q, k, None, v, gate, beta, erase=True, scale=K**-0.5,
-                                                  initial_state=None, output_final_state=True, cu_seqlens=None)  # fmt: skip
-            G = None if gate is None else saved["G"].view(B, T, H)
-            t_err = (saved["T"].double() - reference_t(k, beta, G)).abs().max().item()
-            args = (q, k, v) + ((beta,) if gate is None else (gate, beta))
-            op = ops.delta_rule if gate is None else ops.gated_delta_rule
-            o_ref, final_ref = op(*(x.float() for x in args), backend="torch", output_final_state=True)
-            o_err = ((o.float() - o_ref).norm() / o_ref.norm()).item()
-            s_err = ((final - final_ref).norm() / final_ref.norm()).item()
-            print(f"{name:15s} fuse_output_k={fuse:3d}: T max abs err {t_err:.2e}, o rel {o_err:.2e}, "
-                  f"final rel {s_err:.2e}")  # fmt: skip
-            torch.cuda.synchronize()
+        o, final, saved = chunk.chunk_forward(q, k, None, v, gate, beta, erase=True, scale=K**-0.5,
+                                              initial_state=None, output_final_state=True, cu_seqlens=None)  # fmt: skip
+        G = None if gate is None else saved["G"].view(B, T, H)
+        t_err = (saved["T"].double() - reference_t(k, beta, G)).abs().max().item()
+        args = (q, k, v) + ((beta,) if gate is None else (gate, beta))
+        op = ops.delta_rule if gate is None else ops.gated_delta_rule
+        o_ref, final_ref = op(*(x.float() for x in args), backend="torch", output_final_state=True)
+        o_err = ((o.float() - o_ref).norm() / o_ref.norm()).item()
+        s_err = ((final - final_ref).norm() / final_ref.norm()).item()
+        print(f"{name:15s}: T max abs err {t_err:.2e}, o rel {o_err:.2e}, final rel {s_err:.2e}")
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
