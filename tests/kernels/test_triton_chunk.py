@@ -140,8 +140,8 @@ def test_varlen_index_built_once_per_boundaries(monkeypatch):
 def test_kept_states_equal_recomputed(cell, varlen, monkeypatch):
     """The backward from the forward's kept chunk states (``library.KEEP_STATES``, what autograd uses), with and
     without its kept intra-chunk matrices (``library.KEEP_INTRA``), equals the ones that rerun the state pass (from
-    the kept intra-chunk matrices, W_s and U_v: the forward's state pass then stores no states; or everything): the
-    same kernels on the same inputs, so bit for bit. No erase (no kept values), tied erase, decoupled erase; varlen
+    the kept intra-chunk matrices, and off the fused path W_s and U_v; or everything): the same kernels on the same
+    inputs, so bit for bit. No erase (no kept values), tied erase, decoupled erase; varlen
     states have more rows than chunks (the bound from shapes)."""
     from linrnn.kernels import library
 

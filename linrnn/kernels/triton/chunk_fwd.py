@@ -395,6 +395,64 @@ def _store_block_kk(k, G, out, bos, length, h, r0, valid, stride, H: tl.constexp
     store_tile(out, tl.where(keep, kk, 0.0), r0, 0, length, BT, stride, BT, BT)
 
 
+@triton.jit
+def _solve_blocks(k, beta, G, A_kk, t_base, bos, length, h, r0, valid, stride, b1, b2, b3, H: tl.constexpr,
+                  K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DECAY: tl.constexpr, HAS_BETA: tl.constexpr,
+                  FORM_KK: tl.constexpr, BKK: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """The solve kernel's T: its ten nonzero 16 × 16 blocks, returned and stored at ``t_base``; ``b1..b3``: β of
+    the row blocks below the first.
+
+    The four diagonal blocks by forward substitution (a chain of cross-thread reductions, fastest in one warp),
+    then ``T_ab = −T_aa Σ_{b≤c<a} L_ac T_cb`` (L = Diag(β) A_kk). The substitution is exact fp32; a matmul-only
+    inverse (``(I − L)(I + L²)(I + L⁴)(I + L⁸)``) lost up to 3e-3 of T to cancellation for correlated keys with β
+    near 2."""
+    if FORM_KK:  # A_kk formed here and staged in this chunk's rows of T, then read back by blocks as from A_kk
+        a_base = t_base
+        _store_block_kk(k, G, t_base, bos, length, h, r0, valid, stride, H, K, BT, BKK, DECAY, PREC)
+        tl.debug_barrier()  # the staged A_kk visible to every thread of the program
+    else:
+        a_base = A_kk + (bos * H + h) * BT
+    l10 = b1[:, None] * _load_block(a_base, length, r0 + 16, 0, stride, BC)
+    l20 = b2[:, None] * _load_block(a_base, length, r0 + 32, 0, stride, BC)
+    l21 = b2[:, None] * _load_block(a_base, length, r0 + 32, 16, stride, BC)
+    l30 = b3[:, None] * _load_block(a_base, length, r0 + 48, 0, stride, BC)
+    l31 = b3[:, None] * _load_block(a_base, length, r0 + 48, 16, stride, BC)
+    l32 = b3[:, None] * _load_block(a_base, length, r0 + 48, 32, stride, BC)
+    t00 = _diagonal_inverse(a_base, beta, bos, h, r0, 0, valid, stride, H, BC, HAS_BETA)
+    t11 = _diagonal_inverse(a_base, beta, bos, h, r0 + 16, 16, valid - 16, stride, H, BC, HAS_BETA)
+    t22 = _diagonal_inverse(a_base, beta, bos, h, r0 + 32, 32, valid - 32, stride, H, BC, HAS_BETA)
+    t33 = _diagonal_inverse(a_base, beta, bos, h, r0 + 48, 48, valid - 48, stride, H, BC, HAS_BETA)
+    t10 = -tl.dot(t11, tl.dot(l10, t00, input_precision=PREC), input_precision=PREC)
+    t21 = -tl.dot(t22, tl.dot(l21, t11, input_precision=PREC), input_precision=PREC)
+    t20 = -tl.dot(t22, tl.dot(l20, t00, input_precision=PREC) + tl.dot(l21, t10, input_precision=PREC),
+                  input_precision=PREC)  # fmt: skip
+    t32 = -tl.dot(t33, tl.dot(l32, t22, input_precision=PREC), input_precision=PREC)
+    t31 = -tl.dot(t33, tl.dot(l31, t11, input_precision=PREC) + tl.dot(l32, t21, input_precision=PREC),
+                  input_precision=PREC)  # fmt: skip
+    t30 = -tl.dot(t33, tl.dot(l30, t00, input_precision=PREC) + tl.dot(l31, t10, input_precision=PREC)
+                  + tl.dot(l32, t20, input_precision=PREC), input_precision=PREC)  # fmt: skip
+    zero = tl.zeros([BC, BC], dtype=tl.float32)
+    if FORM_KK:
+        tl.debug_barrier()  # every row of the staged blocks read before T overwrites them
+    _store_block(t_base, t00, length, r0, 0, stride, BC)
+    _store_block(t_base, zero, length, r0, 16, stride, BC)
+    _store_block(t_base, zero, length, r0, 32, stride, BC)
+    _store_block(t_base, zero, length, r0, 48, stride, BC)
+    _store_block(t_base, t10, length, r0 + 16, 0, stride, BC)
+    _store_block(t_base, t11, length, r0 + 16, 16, stride, BC)
+    _store_block(t_base, zero, length, r0 + 16, 32, stride, BC)
+    _store_block(t_base, zero, length, r0 + 16, 48, stride, BC)
+    _store_block(t_base, t20, length, r0 + 32, 0, stride, BC)
+    _store_block(t_base, t21, length, r0 + 32, 16, stride, BC)
+    _store_block(t_base, t22, length, r0 + 32, 32, stride, BC)
+    _store_block(t_base, zero, length, r0 + 32, 48, stride, BC)
+    _store_block(t_base, t30, length, r0 + 48, 0, stride, BC)
+    _store_block(t_base, t31, length, r0 + 48, 16, stride, BC)
+    _store_block(t_base, t32, length, r0 + 48, 32, stride, BC)
+    _store_block(t_base, t33, length, r0 + 48, 48, stride, BC)
+    return t00, t10, t11, t20, t21, t22, t30, t31, t32, t33
+
+
 @cached_launch
 @triton.jit
 def chunk_solve_wu_kernel(
@@ -413,10 +471,7 @@ def chunk_solve_wu_kernel(
     (``A_kk`` unused, nothing of it kept), and staged in the chunk's own rows of T, which the blocks and the
     substitution read as they would A_kk before T overwrites them.
 
-    T by 16 × 16 blocks: the four diagonal blocks by forward substitution (a chain of cross-thread reductions,
-    fastest in one warp), then ``T_ab = −T_aa Σ_{b≤c<a} L_ac T_cb`` (L = Diag(β) A_kk). The substitution is exact
-    fp32; a matmul-only inverse (``(I − L)(I + L²)(I + L⁴)(I + L⁸)``) lost up to 3e-3 of T to cancellation for
-    correlated keys with β near 2."""
+    T by 16 × 16 blocks: ``_solve_blocks``."""
     tl.static_assert(BT == 64 and BC == 16, "the block solve is written out for a 64-step chunk")
     i, h = tl.program_id(0), tl.program_id(1)
     bos, length, c, valid = _chunk_bounds(cu_seqlens, chunk_index, i, BT)
@@ -465,58 +520,6 @@ def chunk_solve_wu_kernel(
                 _store_t_times_scaled(t00, t10, t11, t20, t21, t22, t30, t31, t32, t33, v, v_stride, G, U_v, bos,
                                       length, h, r0, valid, vb * BV, b0, b1, b2, b3, H, V, BC, BV, DECAY_NONE,
                                       PREC)  # fmt: skip
-
-
-@triton.jit
-def _solve_blocks(k, beta, G, A_kk, t_base, bos, length, h, r0, valid, stride, b1, b2, b3, H: tl.constexpr,
-                  K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, DECAY: tl.constexpr, HAS_BETA: tl.constexpr,
-                  FORM_KK: tl.constexpr, BKK: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """The solve kernel's T: its ten nonzero 16 × 16 blocks, returned and stored at ``t_base``."""
-    if FORM_KK:  # A_kk formed here and staged in this chunk's rows of T, then read back by blocks as from A_kk
-        a_base = t_base
-        _store_block_kk(k, G, t_base, bos, length, h, r0, valid, stride, H, K, BT, BKK, DECAY, PREC)
-        tl.debug_barrier()  # the staged A_kk visible to every thread of the program
-    else:
-        a_base = A_kk + (bos * H + h) * BT
-    l10 = b1[:, None] * _load_block(a_base, length, r0 + 16, 0, stride, BC)
-    l20 = b2[:, None] * _load_block(a_base, length, r0 + 32, 0, stride, BC)
-    l21 = b2[:, None] * _load_block(a_base, length, r0 + 32, 16, stride, BC)
-    l30 = b3[:, None] * _load_block(a_base, length, r0 + 48, 0, stride, BC)
-    l31 = b3[:, None] * _load_block(a_base, length, r0 + 48, 16, stride, BC)
-    l32 = b3[:, None] * _load_block(a_base, length, r0 + 48, 32, stride, BC)
-    t00 = _diagonal_inverse(a_base, beta, bos, h, r0, 0, valid, stride, H, BC, HAS_BETA)
-    t11 = _diagonal_inverse(a_base, beta, bos, h, r0 + 16, 16, valid - 16, stride, H, BC, HAS_BETA)
-    t22 = _diagonal_inverse(a_base, beta, bos, h, r0 + 32, 32, valid - 32, stride, H, BC, HAS_BETA)
-    t33 = _diagonal_inverse(a_base, beta, bos, h, r0 + 48, 48, valid - 48, stride, H, BC, HAS_BETA)
-    t10 = -tl.dot(t11, tl.dot(l10, t00, input_precision=PREC), input_precision=PREC)
-    t21 = -tl.dot(t22, tl.dot(l21, t11, input_precision=PREC), input_precision=PREC)
-    t20 = -tl.dot(t22, tl.dot(l20, t00, input_precision=PREC) + tl.dot(l21, t10, input_precision=PREC),
-                  input_precision=PREC)  # fmt: skip
-    t32 = -tl.dot(t33, tl.dot(l32, t22, input_precision=PREC), input_precision=PREC)
-    t31 = -tl.dot(t33, tl.dot(l31, t11, input_precision=PREC) + tl.dot(l32, t21, input_precision=PREC),
-                  input_precision=PREC)  # fmt: skip
-    t30 = -tl.dot(t33, tl.dot(l30, t00, input_precision=PREC) + tl.dot(l31, t10, input_precision=PREC)
-                  + tl.dot(l32, t20, input_precision=PREC), input_precision=PREC)  # fmt: skip
-    zero = tl.zeros([BC, BC], dtype=tl.float32)
-    if FORM_KK:
-        tl.debug_barrier()  # every row of the staged blocks read before T overwrites them
-    _store_block(t_base, t00, length, r0, 0, stride, BC)
-    _store_block(t_base, zero, length, r0, 16, stride, BC)
-    _store_block(t_base, zero, length, r0, 32, stride, BC)
-    _store_block(t_base, zero, length, r0, 48, stride, BC)
-    _store_block(t_base, t10, length, r0 + 16, 0, stride, BC)
-    _store_block(t_base, t11, length, r0 + 16, 16, stride, BC)
-    _store_block(t_base, zero, length, r0 + 16, 32, stride, BC)
-    _store_block(t_base, zero, length, r0 + 16, 48, stride, BC)
-    _store_block(t_base, t20, length, r0 + 32, 0, stride, BC)
-    _store_block(t_base, t21, length, r0 + 32, 16, stride, BC)
-    _store_block(t_base, t22, length, r0 + 32, 32, stride, BC)
-    _store_block(t_base, zero, length, r0 + 32, 48, stride, BC)
-    _store_block(t_base, t30, length, r0 + 48, 0, stride, BC)
-    _store_block(t_base, t31, length, r0 + 48, 16, stride, BC)
-    _store_block(t_base, t32, length, r0 + 48, 32, stride, BC)
-    _store_block(t_base, t33, length, r0 + 48, 48, stride, BC)
-    return t00, t10, t11, t20, t21, t22, t30, t31, t32, t33
 
 
 @triton.jit
